@@ -1,0 +1,38 @@
+#!/usr/bin/env bash
+# Installs what Flarebox needs on a fresh Debian/Ubuntu machine: system packages, a virtualenv, and (for `dev`)
+# the test and Cloudflare tooling. Idempotent: fast when everything is already there.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+mode=${1:-runtime}
+
+need_apt=()
+for bin in bwrap:bubblewrap zstd:zstd curl:curl tar:tar; do
+  command -v "${bin%%:*}" >/dev/null 2>&1 || need_apt+=("${bin##*:}")
+done
+if [ "$mode" = dev ]; then
+  command -v node >/dev/null 2>&1 || need_apt+=(nodejs npm)
+fi
+if [ ${#need_apt[@]} -gt 0 ]; then
+  sudo=""; [ "$(id -u)" -eq 0 ] || sudo="sudo"
+  echo "setup: installing ${need_apt[*]} with apt-get" >&2
+  $sudo apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq "${need_apt[@]}" >/dev/null
+fi
+
+python=${PYTHON:-python3}
+if [ ! -x .venv/bin/python ]; then
+  "$python" -c 'import sys; sys.exit(sys.version_info < (3, 11))' || { echo "setup: Python 3.11+ is required" >&2; exit 1; }
+  "$python" -m venv .venv
+fi
+extra=standalone; [ "$mode" = dev ] && extra=dev
+stamp=.venv/.flarebox-$extra
+if [ ! -f "$stamp" ] || [ pyproject.toml -nt "$stamp" ]; then
+  .venv/bin/python -m pip install -q --upgrade pip >/dev/null
+  .venv/bin/python -m pip install -q -e ".[$extra]"
+  touch "$stamp"
+fi
+if [ "$mode" = dev ] && [ -f package.json ]; then
+  if [ ! -d node_modules ] || [ package-lock.json -nt node_modules ]; then
+    npm ci --no-audit --no-fund --loglevel=error
+  fi
+fi

@@ -1,0 +1,80 @@
+"""Error codes of protocol v1 with their HTTP statuses.
+
+An error outside a stream is `{"error": {"code": ..., "message": ...}}` with the status below. Inside an exec stream
+the same codes appear as the terminal `{"type": "error", ...}` event (the HTTP status is then 200).
+"""
+
+ERRORS: dict[str, tuple[int, str]] = {
+    # auth and routing
+    "unauthorized": (401, "missing or wrong bearer token"),
+    "not_configured": (503, "the server has no SANDBOX_API_TOKEN of at least 32 characters"),
+    "not_found": (404, "no such route"),
+    "method_not_allowed": (405, "the route does not accept this method"),
+    "unsupported_media_type": (415, "JSON bodies need Content-Type: application/json"),
+    "payload_too_large": (413, "the request body is over its limit"),
+    "headers_too_large": (431, "the request headers are too large"),
+    # request validation
+    "invalid_json": (400, "the body is not a JSON object"),
+    "unknown_field": (400, "the body has a field the route does not accept"),
+    "invalid_field": (400, "a field has the wrong type or value"),
+    "invalid_query": (400, "a query parameter is missing, unknown or malformed"),
+    "invalid_name": (400, "namespace and workspace must match ^[a-z0-9][a-z0-9_.-]{0,62}$"),
+    "invalid_request_id": (400, "request ids are 32 lowercase hex characters"),
+    "invalid_path": (400, "paths are absolute, at most 4096 bytes, without NUL"),
+    "invalid_cwd": (400, "cwd is absolute, at most 4096 bytes, without NUL, and must be a directory"),
+    "invalid_timeout": (400, "timeout is a number of seconds, > 0 and <= 900"),
+    "command_too_large": (413, "command is over 64 KiB of UTF-8"),
+    "confirm_required": (400, "DELETE needs ?confirm=true"),
+    "image_not_found": (400, "the image is not one this deployment defines"),
+    "instance_not_allowed": (400, "the instance type is not in ALLOWED_INSTANCE_TYPES"),
+    # workspace state
+    "workspace_not_found": (404, "the workspace has no configuration; PUT it first"),
+    "config_conflict": (409, "the workspace exists with a different configuration"),
+    "workspace_lost": (409, "the workspace booted before and has no snapshot to come back from"),
+    "workspace_busy": (409, "the workspace is saving or stopping; retry shortly"),
+    "not_persistent": (409, "snapshots need a persistent workspace"),
+    "snapshot_damaged": (409, "the snapshot failed its integrity check and was not restored"),
+    "snapshot_failed": (503, "the snapshot could not be written; the workspace keeps running"),
+    # requests and commands
+    "duplicate_request": (409, "this request id was used before; reattach with GET .../exec/{request_id}"),
+    "request_not_found": (404, "no command with this request id is known (never run, or its journal expired)"),
+    "command_cancelled": (409, "the command was cancelled before it started"),
+    "output_limit": (413, "the command printed more than 2,000,000 characters; its process group was killed"),
+    "exec_failed": (500, "the command could not be started"),
+    # files
+    "file_not_found": (404, "no file at that path"),
+    "not_a_file": (400, "the path is not a regular file"),
+    "file_too_large": (413, "the file is over the transfer limit"),
+    "permission_denied": (403, "the sandbox user may not access that path"),
+    # infrastructure
+    "container_exited": (503, "the container stopped while the request ran"),
+    "startup_timeout": (503, "the container did not become ready in time"),
+    "container_unavailable": (503, "the container could not be started or reached"),
+    "internal_error": (500, "unexpected server error"),
+}
+
+
+class ProtocolError(Exception):
+    """A failure with a protocol error code; `message` is safe to show a client (never holds a secret)."""
+
+    def __init__(self, code: str, message: str | None = None):
+        if code not in ERRORS:
+            raise ValueError(f"unknown error code {code!r}")
+        self.code = code
+        self.message = message or ERRORS[code][1]
+        super().__init__(f"{code}: {self.message}")
+
+    @property
+    def status(self) -> int:
+        return ERRORS[self.code][0]
+
+    def body(self) -> dict:
+        return error_body(self.code, self.message)
+
+
+def http_status(code: str) -> int:
+    return ERRORS[code][0]
+
+
+def error_body(code: str, message: str | None = None) -> dict:
+    return {"error": {"code": code, "message": message or ERRORS[code][1]}}

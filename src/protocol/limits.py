@@ -1,0 +1,55 @@
+"""Every limit of protocol v1. Values come from the seed contract; docs/openapi.yaml repeats each one."""
+
+MAX_COMMAND_BYTES = 64 * 1024  # UTF-8 bytes of `command`
+MAX_BODY_BYTES = 1024 * 1024  # any JSON request body
+MAX_OUTPUT_CHARS = 2_000_000  # Unicode code points of merged stdout+stderr per command
+MAX_TIMEOUT_SECONDS = 900
+DEFAULT_TIMEOUT_SECONDS = 120
+KILL_GRACE_SECONDS = 2  # SIGTERM to the process group, SIGKILL this much later
+TIMEOUT_EXIT_CODE = 124
+CANCELLED_EXIT_CODE = 130
+MAX_PATH_BYTES = 4096  # file paths and cwd, UTF-8 bytes
+MAX_ENV_VARS = 256
+MAX_ENV_NAME_BYTES = 256
+HEARTBEAT_SECONDS = 10  # a heartbeat after this long without another event
+DRAIN_IDLE_SECONDS = 0.3  # after the command's own process exits: end after this much silence...
+DRAIN_MAX_SECONDS = 5  # ...or after this long at most
+MAX_FILE_READ_BYTES = 1024 * 1024 * 1024  # default; operators may lower it
+MAX_FILE_WRITE_BYTES = 100 * 1024 * 1024  # default; operators may lower it
+MAX_OUTPUT_FRAME_CHARS = 16 * 1024  # one `output` event carries at most this many code points
+JOURNAL_MAX_REQUESTS = 256  # per-request output journals kept for reattach...
+JOURNAL_KEEP_SECONDS = 3600  # ...and for how long after the command ended
+LEDGER_MAX_REQUESTS = 4096  # request ids a workspace remembers (replay guard, early cancel)
+DEFAULT_IDLE_SECONDS = 600
+MIN_TOKEN_CHARS = 32
+NAME_PATTERN = r"^[a-z0-9][a-z0-9_.-]{0,62}$"
+REQUEST_ID_PATTERN = r"^[0-9a-f]{32}$"
+ENV_NAME_PATTERN = r"^[A-Za-z_][A-Za-z0-9_]*$"
+INSTANCE_TYPES = ("lite", "standard-1", "standard-2", "standard-3", "standard-4")
+DEFAULT_IMAGE = "hermes"
+DEFAULT_CWD = "/workspace"
+
+LIMITS = {
+    "MAX_COMMAND_BYTES": MAX_COMMAND_BYTES,
+    "MAX_BODY_BYTES": MAX_BODY_BYTES,
+    "MAX_OUTPUT_CHARS": MAX_OUTPUT_CHARS,
+    "MAX_TIMEOUT_SECONDS": MAX_TIMEOUT_SECONDS,
+    "DEFAULT_TIMEOUT_SECONDS": DEFAULT_TIMEOUT_SECONDS,
+    "KILL_GRACE_SECONDS": KILL_GRACE_SECONDS,
+    "TIMEOUT_EXIT_CODE": TIMEOUT_EXIT_CODE,
+    "CANCELLED_EXIT_CODE": CANCELLED_EXIT_CODE,
+    "MAX_PATH_BYTES": MAX_PATH_BYTES,
+    "MAX_ENV_VARS": MAX_ENV_VARS,
+    "MAX_ENV_NAME_BYTES": MAX_ENV_NAME_BYTES,
+    "HEARTBEAT_SECONDS": HEARTBEAT_SECONDS,
+    "DRAIN_IDLE_SECONDS": DRAIN_IDLE_SECONDS,
+    "DRAIN_MAX_SECONDS": DRAIN_MAX_SECONDS,
+    "MAX_FILE_READ_BYTES": MAX_FILE_READ_BYTES,
+    "MAX_FILE_WRITE_BYTES": MAX_FILE_WRITE_BYTES,
+    "MAX_OUTPUT_FRAME_CHARS": MAX_OUTPUT_FRAME_CHARS,
+    "JOURNAL_MAX_REQUESTS": JOURNAL_MAX_REQUESTS,
+    "JOURNAL_KEEP_SECONDS": JOURNAL_KEEP_SECONDS,
+    "LEDGER_MAX_REQUESTS": LEDGER_MAX_REQUESTS,
+    "DEFAULT_IDLE_SECONDS": DEFAULT_IDLE_SECONDS,
+    "MIN_TOKEN_CHARS": MIN_TOKEN_CHARS,
+}
