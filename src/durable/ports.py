@@ -6,8 +6,9 @@ a runtime; stream and body objects are opaque and only passed between ports.
 """
 
 import json
+from collections.abc import Awaitable
 from dataclasses import dataclass, field
-from typing import Any, Awaitable, Protocol
+from typing import Any, Protocol
 
 from protocol.errors import ProtocolError
 
@@ -122,6 +123,11 @@ class Container(Protocol):
 
     def running(self) -> bool: ...
 
+    def has_disk(self) -> bool:
+        """True when a stopped container's filesystem still exists (a crashed standalone sandbox keeps its files
+        on the host). Always False on Cloudflare, where a container's disk dies with it. Starting without a
+        snapshot then resumes those files (`container: restarted`)."""
+
     async def start(self, spec: StartSpec) -> None:
         """Start (or restore) the container. Returns once the runtime accepted the start; readiness is checked
         by polling the supervisor's /health. Raises ProtocolError('snapshot_damaged') for a snapshot that fails
@@ -145,7 +151,8 @@ class Container(Protocol):
     async def delete_snapshot(self, snapshot_id: str) -> None:
         """Drop a snapshot the retention policy no longer keeps (a no-op where the platform expires them)."""
 
-    async def destroy(self) -> None: ...
+    async def destroy(self) -> None:
+        """Stop the container and discard its filesystem (snapshots are kept)."""
 
 
 class WorkspaceStub(Protocol):

@@ -62,7 +62,11 @@ class Settings:
             ),
             images=images,
             max_file_read_bytes=_int(
-                env.get("MAX_FILE_READ_BYTES"), limits.MAX_FILE_READ_BYTES, 1, limits.MAX_FILE_READ_BYTES, "MAX_FILE_READ_BYTES"
+                env.get("MAX_FILE_READ_BYTES"),
+                limits.MAX_FILE_READ_BYTES,
+                1,
+                limits.MAX_FILE_READ_BYTES,
+                "MAX_FILE_READ_BYTES",
             ),
             max_file_write_bytes=_int(
                 env.get("MAX_FILE_WRITE_BYTES"),

@@ -5,8 +5,8 @@ Plain Python with no third-party imports: it runs under CPython and under Pyodid
 
 from protocol.errors import ERRORS, ProtocolError, error_body, http_status
 from protocol.events import (
-    EXIT_REASONS,
     CONTAINER_STATES,
+    EXIT_REASONS,
     STATUS_PHASES,
     decode_line,
     encode_event,

@@ -12,6 +12,7 @@ ERRORS: dict[str, tuple[int, str]] = {
     "method_not_allowed": (405, "the route does not accept this method"),
     "unsupported_media_type": (415, "JSON bodies need Content-Type: application/json"),
     "payload_too_large": (413, "the request body is over its limit"),
+    "length_required": (411, "file uploads need a Content-Length header"),
     "headers_too_large": (431, "the request headers are too large"),
     # request validation
     "invalid_json": (400, "the body is not a JSON object"),

@@ -3,7 +3,7 @@
 import json
 
 STATUS_PHASES = ("starting", "restoring", "ready")
-CONTAINER_STATES = ("continuing", "fresh", "restored")
+CONTAINER_STATES = ("continuing", "fresh", "restored", "restarted")
 EXIT_REASONS = ("exited", "timeout", "cancelled", "signal")
 EVENT_TYPES = ("status", "started", "output", "heartbeat", "exit", "error")
 TERMINAL_TYPES = ("exit", "error")
@@ -19,8 +19,9 @@ def status_event(phase: str, message: str = "") -> dict:
 
 
 def started_event(request_id: str, container: str, snapshot: dict | None = None) -> dict:
-    """`container` tells the client what survived: running processes and files (continuing), nothing (fresh),
-    or files as of `snapshot` and no processes (restored)."""
+    """`container` tells the client what survived: processes and files (continuing), nothing: a new workspace
+    (fresh), files as of `snapshot` and no processes (restored), or all files but no processes (restarted: the
+    sandbox died but its disk survived, which only the standalone runtime can offer)."""
     if container not in CONTAINER_STATES:
         raise ValueError(f"unknown container state {container!r}")
     return {"type": "started", "request_id": request_id, "container": container, "snapshot": snapshot}
