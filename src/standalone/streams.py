@@ -1,0 +1,101 @@
+"""ports.Streams: a response body the workspace writes into while the server sends it (Cloudflare: TransformStream).
+
+A bounded queue gives backpressure (a slow client slows the relay, never grows memory without bound). When the
+client goes away the server closes the readable; the next write raises StreamClosed and `pipe_from` stops reading
+the container, so a dead client never keeps a relay running.
+"""
+
+import asyncio
+from typing import Any
+
+from durable.ports import ContainerGone
+
+QUEUE_CHUNKS = 64
+_EOF = object()
+
+
+class StreamClosed(ConnectionError):
+    """The reader (the HTTP client) is gone; nothing more can be written."""
+
+
+class _Readable:
+    """The async iterator the server sends as the response body."""
+
+    def __init__(self, sink: "QueueSink"):
+        self._sink = sink
+
+    def __aiter__(self) -> "_Readable":
+        return self
+
+    async def __anext__(self) -> bytes:
+        sink = self._sink
+        if sink.reader_gone:
+            raise StopAsyncIteration
+        item = await sink.queue.get()
+        if item is _EOF:
+            sink.reader_gone = True
+            raise StopAsyncIteration
+        return item
+
+    async def aclose(self) -> None:
+        """The server stopped sending (client disconnected or response done): release any blocked writer."""
+        self._sink.reader_gone = True
+        self._sink.drain()
+
+
+class QueueSink:
+    def __init__(self, maxsize: int = QUEUE_CHUNKS):
+        self.queue: asyncio.Queue = asyncio.Queue(maxsize)
+        self.reader_gone = False
+        self.closed = False
+        self.readable = _Readable(self)
+
+    def drain(self) -> None:
+        while not self.queue.empty():
+            self.queue.get_nowait()
+
+    async def write(self, data: bytes) -> None:
+        if self.reader_gone:
+            raise StreamClosed("the client closed the stream")
+        if self.closed:
+            raise StreamClosed("the stream was already closed")
+        if not data:
+            return
+        await self.queue.put(bytes(data))
+        if self.reader_gone:  # woke up because the reader left and drained the queue
+            self.drain()
+            raise StreamClosed("the client closed the stream")
+
+    async def pipe_from(self, body: Any) -> None:
+        """Copy a container response body (an async iterator of bytes) into this sink. Returns at its normal end,
+        or early when the client is gone; raises ContainerGone when the body fails midway."""
+        try:
+            async for chunk in body:
+                try:
+                    await self.write(chunk)
+                except StreamClosed:
+                    return
+        except (ContainerGone, StreamClosed, asyncio.CancelledError):
+            raise
+        except Exception as exc:  # a reset socket, a truncated chunked body...: the sandbox went away
+            raise ContainerGone(f"container stream ended abnormally: {type(exc).__name__}") from exc
+        finally:
+            aclose = getattr(body, "aclose", None)
+            if aclose is not None:
+                try:
+                    await aclose()
+                except Exception:  # closing a broken stream may fail again; nothing left to do with it
+                    pass
+
+    async def close(self) -> None:
+        if self.closed:
+            return
+        self.closed = True
+        if self.reader_gone:
+            return
+        await self.queue.put(_EOF)
+
+
+class QueueStreams:
+    def open(self) -> QueueSink:
+        return QueueSink()
