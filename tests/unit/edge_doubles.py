@@ -1,0 +1,50 @@
+"""Small in-test doubles for the edge's ports (test doubles, not runtimes: the real adapters are tested
+end-to-end by the standalone and Cloudflare suites)."""
+
+from durable.ports import Response
+from protocol.errors import ProtocolError
+
+TOKEN = "t" * 40
+
+
+class Body:
+    """A request body that records whether anything read it."""
+
+    def __init__(self, data: bytes = b"", *, forbidden: bool = False):
+        self.data = data
+        self.forbidden = forbidden
+        self.read_called = False
+        self.stream = object()  # opaque, only identity matters
+
+    async def read(self, limit: int) -> bytes:
+        self.read_called = True
+        if self.forbidden:
+            raise AssertionError("the body must not be read")
+        if len(self.data) > limit:
+            raise ProtocolError("payload_too_large")
+        return self.data
+
+
+class Stub:
+    def __init__(self, directory, ns, ws):
+        self.directory, self.ns, self.ws = directory, ns, ws
+
+    async def call(self, op, args, body=None):
+        self.directory.calls.append((self.ns, self.ws, op, args, body))
+        if self.directory.raise_exc is not None:
+            raise self.directory.raise_exc
+        return self.directory.response
+
+
+class Directory:
+    def __init__(self):
+        self.calls = []
+        self.response = Response(200, b"ok")
+        self.raise_exc = None
+
+    def get(self, namespace, workspace):
+        return Stub(self, namespace, workspace)
+
+
+def auth(token: str = TOKEN) -> dict[str, str]:
+    return {"authorization": f"Bearer {token}"}
