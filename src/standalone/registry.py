@@ -1,0 +1,200 @@
+"""The in-process WorkspaceDirectory: one Workspace object per (namespace, workspace), built lazily with its adapters.
+
+Data layout (everything under the data dir):
+    workspaces/<ns>/<ws>/state.sqlite3   config, state, ledger and the persisted alarm (one file per workspace)
+    workspaces/<ns>/<ws>/...              the sandbox's live files (owned by the sandbox driver)
+    snapshots/...                         the snapshot store
+Objects are forgotten (and their directory removed) once deleted. At shutdown the running sandboxes are stopped
+but their files stay, so the next exec reports `container: restarted`.
+"""
+
+import asyncio
+import logging
+import shutil
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from durable.ports import Container, Response
+from durable.settings import Settings
+from standalone.alarms import PersistentAlarm
+from standalone.clock import AsyncioClock
+from standalone.storage import SqliteStorage
+from standalone.streams import QueueStreams
+
+log = logging.getLogger("flarebox.registry")
+
+STATE_FILE = "state.sqlite3"
+
+# (namespace, workspace, workspace_dir) → the workspace's container (a bubblewrap sandbox)
+ContainerFactory = Callable[[str, str, Path], Container]
+
+
+@dataclass
+class _Entry:
+    namespace: str
+    name: str
+    directory: Path
+    storage: SqliteStorage
+    alarm: PersistentAlarm
+    container: Any
+    workspace: Any = None
+
+
+class _Stub:
+    """ports.WorkspaceStub: an in-process call (a Durable Object stub's fetch on Cloudflare)."""
+
+    def __init__(self, registry: "WorkspaceRegistry", namespace: str, name: str):
+        self._registry = registry
+        self._key = (namespace, name)
+
+    async def call(self, op: str, args: dict[str, Any], body: Any = None) -> Response:
+        entry = self._registry.entry(*self._key)
+        response = await entry.workspace.call(op, args, body)
+        self._registry.after_call(entry, op, response)
+        return response
+
+
+class WorkspaceRegistry:
+    def __init__(
+        self,
+        data_dir: Path,
+        settings: Settings,
+        clock: AsyncioClock,
+        container_factory: ContainerFactory,
+        stop_container: Callable[[Any], Any] | None = None,
+    ):
+        self.data_dir = Path(data_dir)
+        self.settings = settings
+        self.clock = clock
+        self._container_factory = container_factory
+        self._stop_container = stop_container
+        self._streams = QueueStreams()
+        self._entries: dict[tuple[str, str], _Entry] = {}
+        self._closing = False
+
+    # --- ports.WorkspaceDirectory ----------------------------------------------------------------------------
+
+    def get(self, namespace: str, workspace: str) -> _Stub:
+        return _Stub(self, namespace, workspace)
+
+    # --- objects ---------------------------------------------------------------------------------------------
+
+    def workspace_dir(self, namespace: str, name: str) -> Path:
+        # names are validated by the edge (^[a-z0-9][a-z0-9_.-]{0,62}$): no `/`, no leading `.`, safe as path parts
+        return self.data_dir / "workspaces" / namespace / name
+
+    def entry(self, namespace: str, name: str) -> _Entry:
+        if self._closing:
+            from protocol.errors import ProtocolError
+
+            raise ProtocolError("container_unavailable", "the server is shutting down")
+        key = (namespace, name)
+        entry = self._entries.get(key)
+        if entry is None:
+            entry = self._build(namespace, name)
+            self._entries[key] = entry
+        return entry
+
+    def _build(self, namespace: str, name: str) -> _Entry:
+        from durable.workspace import Workspace
+
+        directory = self.workspace_dir(namespace, name)
+        directory.mkdir(parents=True, exist_ok=True)
+        storage = SqliteStorage(directory / STATE_FILE)
+        holder: dict[str, _Entry] = {}
+
+        async def fire() -> None:
+            entry = holder["entry"]
+            await entry.workspace.alarm()
+            self.after_alarm(entry)
+
+        alarm = PersistentAlarm(storage, self.clock, fire, f"{namespace}/{name}")
+        container = self._container_factory(namespace, name, directory)
+        entry = _Entry(namespace, name, directory, storage, alarm, container)
+        holder["entry"] = entry
+        entry.workspace = Workspace(
+            namespace=namespace,
+            name=name,
+            settings=self.settings,
+            storage=storage,
+            alarm=alarm,
+            clock=self.clock,
+            container=container,
+            streams=self._streams,
+        )
+        return entry
+
+    # --- forgetting deleted workspaces -----------------------------------------------------------------------
+
+    def after_call(self, entry: _Entry, op: str, response: Response) -> None:
+        if response.status == 200 and self._deleted(entry, op, response):
+            self._forget(entry)
+
+    def after_alarm(self, entry: _Entry) -> None:
+        if self._deleted(entry, "alarm", None):
+            self._forget(entry)
+
+    @staticmethod
+    def _deleted(entry: _Entry, op: str, response: Response | None) -> bool:
+        flag = getattr(entry.workspace, "deleted", None)
+        if flag is not None:
+            return bool(flag() if callable(flag) else flag)
+        if op == "delete":
+            return True
+        if op == "stop" and isinstance(response.body, bytes):
+            return b'"deleted":true' in response.body
+        return False
+
+    def _forget(self, entry: _Entry) -> None:
+        key = (entry.namespace, entry.name)
+        if self._entries.get(key) is not entry:
+            return
+        del self._entries[key]
+        entry.alarm.close()
+        entry.storage.close()
+        shutil.rmtree(entry.directory, ignore_errors=True)
+        log.info("forgot deleted workspace %s/%s", entry.namespace, entry.name)
+
+    # --- server start and stop -------------------------------------------------------------------------------
+
+    def known_workspaces(self) -> list[tuple[str, str]]:
+        root = self.data_dir / "workspaces"
+        return sorted((p.parent.parent.name, p.parent.name) for p in root.glob(f"*/*/{STATE_FILE}"))
+
+    def rearm_alarms(self) -> int:
+        """Re-arm the persisted alarm of every workspace on disk (server start). Returns how many were armed."""
+        armed = 0
+        for namespace, name in self.known_workspaces():
+            try:
+                if self.entry(namespace, name).alarm.rearm():
+                    armed += 1
+            except Exception:
+                log.exception("could not re-arm the alarm of %s/%s", namespace, name)
+        return armed
+
+    @property
+    def loaded(self) -> int:
+        return len(self._entries)
+
+    async def shutdown(self) -> None:
+        """Stop alarms and background work, stop running sandboxes (their files stay), close SQLite."""
+        self._closing = True
+        for entry in self._entries.values():
+            entry.alarm.close()
+        await self.clock.shutdown(grace=0.5)
+        for entry in list(self._entries.values()):
+            if self._stop_container is not None:
+                try:
+                    await asyncio.wait_for(_maybe_await(self._stop_container(entry.container)), 10)
+                except Exception:
+                    log.exception("could not stop the sandbox of %s/%s", entry.namespace, entry.name)
+            entry.storage.close()
+        self._entries.clear()
+
+
+async def _maybe_await(value: Any) -> Any:
+    if asyncio.iscoroutine(value) or isinstance(value, asyncio.Future):
+        return await value
+    return value

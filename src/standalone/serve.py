@@ -1,0 +1,102 @@
+"""`flarebox serve`: assemble the standalone runtime (settings, token, registry, edge, ASGI app) and run uvicorn.
+
+uvicorn handles SIGINT/SIGTERM: it stops accepting, gives open streams a short grace, then runs the ASGI lifespan
+shutdown, where the registry stops the sandboxes (files stay on disk) and closes every SQLite file.
+"""
+
+import asyncio
+import logging
+import sys
+from pathlib import Path
+
+import uvicorn
+
+from standalone.clock import AsyncioClock
+from standalone.config import load_settings
+from standalone.registry import WorkspaceRegistry
+from standalone.server import FlareboxApp
+from standalone.token import load_or_create_token, token_notice
+
+log = logging.getLogger("flarebox.serve")
+
+MAX_HEADER_BYTES = 32 * 1024  # a request whose headers are bigger is refused by h11 before reaching the app
+GRACEFUL_SECONDS = 3  # open exec streams get this long at shutdown; clients reattach by request id afterwards
+
+
+def _version() -> str:
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("flarebox")
+    except PackageNotFoundError:
+        return "0.0.0"
+
+
+def build_app(data_dir: Path, settings, token: str | None) -> tuple[FlareboxApp, WorkspaceRegistry]:
+    from standalone.sandbox_driver import container_factory, stop_container
+    from worker.edge import Edge
+
+    clock = AsyncioClock()
+    registry = WorkspaceRegistry(data_dir, settings, clock, container_factory(data_dir, settings), stop_container)
+    edge = Edge(token=token, settings=settings, directory=registry, version=_version())
+    return FlareboxApp(edge, on_shutdown=registry.shutdown), registry
+
+
+def run_server(*, host: str, port: int, data_dir: Path, log_level: str = "info") -> int:
+    logging.basicConfig(level=log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    data_dir = Path(data_dir).expanduser().resolve()
+    data_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
+    try:
+        settings = load_settings()
+    except ValueError as err:
+        print(f"flarebox: bad setting: {err}", file=sys.stderr)
+        return 2
+    token = load_or_create_token(data_dir)
+    base_url = f"http://{host}:{port}" if ":" not in host else f"http://[{host}]:{port}"
+    app, registry = build_app(data_dir, settings, token.value if token.usable else None)
+
+    from standalone.sandbox_driver import limits_report
+
+    out = sys.stdout
+    out.write(f"Flarebox {_version()} (protocol 1) — data in {data_dir}\n")
+    out.write(token_notice(token, base_url))
+    out.write(f"Instance limits: {limits_report()}\n")
+    out.write(
+        f"Idle workspaces are saved after {settings.idle_seconds} s; internet in sandboxes: "
+        f"{'on' if settings.enable_internet else 'off'}.\n"
+    )
+    out.flush()
+
+    config = uvicorn.Config(
+        app,
+        host=host,
+        port=port,
+        log_level=log_level,
+        http="h11",
+        lifespan="on",
+        h11_max_incomplete_event_size=MAX_HEADER_BYTES,
+        timeout_graceful_shutdown=GRACEFUL_SECONDS,
+        server_header=False,
+        # the access log holds method, path and status only; headers (the token) are never logged
+        access_log=True,
+    )
+    server = uvicorn.Server(config)
+
+    async def main() -> None:
+        armed = registry.rearm_alarms()
+        if armed:
+            log.info("re-armed %d workspace alarm(s)", armed)
+        serving = asyncio.ensure_future(server.serve())
+        # uvicorn has no "started" event to wait on
+        while not server.started and not serving.done():  # noqa: ASYNC110
+            await asyncio.sleep(0.05)
+        if server.started:
+            out.write(f"Listening on {base_url}  (Ctrl-C to stop)\n")
+            out.flush()
+        await serving
+
+    try:
+        asyncio.run(main())
+    except KeyboardInterrupt:
+        pass
+    return 0 if server.started else 1

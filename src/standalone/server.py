@@ -1,0 +1,161 @@
+"""The ASGI adapter: an ASGI HTTP request → worker EdgeRequest → Edge.handle → the ports.Response sent back.
+
+Thin on purpose: every decision is in worker/ and durable/. What lives here is plumbing: reading the body under a
+limit, streaming response bodies (bytes or async iterators) with backpressure, and noticing a client that went away
+so the stream's producer stops.
+"""
+
+import asyncio
+import logging
+from collections.abc import AsyncIterator
+from typing import Any
+
+from durable.ports import Response
+from protocol.errors import ProtocolError
+from worker.request import EdgeRequest
+
+log = logging.getLogger("flarebox.server")
+
+
+class AsgiBody:
+    """ports.RequestBody over ASGI `receive`: read(limit) for JSON bodies, stream for file uploads. Single use."""
+
+    def __init__(self, receive):
+        self._receive = receive
+        self.finished = False
+        self.disconnected = False
+
+    async def _next_chunk(self) -> bytes | None:
+        if self.finished:
+            return None
+        message = await self._receive()
+        if message["type"] == "http.disconnect":
+            self.disconnected = True
+            self.finished = True
+            raise ConnectionResetError("the client disconnected while sending the body")
+        if not message.get("more_body", False):
+            self.finished = True
+        return message.get("body", b"")
+
+    async def read(self, limit: int) -> bytes:
+        parts: list[bytes] = []
+        size = 0
+        while not self.finished:
+            chunk = await self._next_chunk()
+            if chunk:
+                size += len(chunk)
+                if size > limit:
+                    raise ProtocolError("payload_too_large", f"the body is limited to {limit} bytes")
+                parts.append(chunk)
+        return b"".join(parts)
+
+    async def _iterate(self) -> AsyncIterator[bytes]:
+        while not self.finished:
+            chunk = await self._next_chunk()
+            if chunk:
+                yield chunk
+
+    @property
+    def stream(self) -> AsyncIterator[bytes]:
+        return self._iterate()
+
+
+def _headers(scope: dict) -> dict[str, str]:
+    headers: dict[str, str] = {}
+    for raw_name, raw_value in scope.get("headers", ()):
+        name = raw_name.decode("latin-1").lower()
+        value = raw_value.decode("latin-1")
+        headers[name] = f"{headers[name]}, {value}" if name in headers else value
+    return headers
+
+
+class FlareboxApp:
+    """The ASGI application. `edge` is a worker Edge; `on_shutdown` runs at ASGI lifespan shutdown."""
+
+    def __init__(self, edge: Any, on_shutdown=None):
+        self.edge = edge
+        self._on_shutdown = on_shutdown
+
+    async def __call__(self, scope: dict, receive, send) -> None:
+        if scope["type"] == "lifespan":
+            await self._lifespan(receive, send)
+            return
+        if scope["type"] != "http":
+            return  # no websockets
+        body = AsgiBody(receive)
+        request = EdgeRequest(
+            method=scope["method"],
+            # raw_path keeps percent-encoding so a `%` in a name reaches validation instead of being decoded
+            path=(scope.get("raw_path") or scope["path"].encode()).decode("latin-1"),
+            query=scope.get("query_string", b"").decode("latin-1"),
+            headers=_headers(scope),
+            body=body,
+        )
+        try:
+            response = await self.edge.handle(request)
+        except ConnectionResetError:
+            return  # the client left while uploading; nobody to answer
+        await self._send(response, body, receive, send)
+
+    async def _lifespan(self, receive, send) -> None:
+        while True:
+            message = await receive()
+            if message["type"] == "lifespan.startup":
+                await send({"type": "lifespan.startup.complete"})
+            elif message["type"] == "lifespan.shutdown":
+                if self._on_shutdown is not None:
+                    try:
+                        await self._on_shutdown()
+                    except Exception:
+                        log.exception("shutdown failed")
+                await send({"type": "lifespan.shutdown.complete"})
+                return
+
+    async def _send(self, response: Response, body: AsgiBody, receive, send) -> None:
+        payload = response.body
+        headers = [(k.lower().encode("latin-1"), str(v).encode("latin-1")) for k, v in response.headers.items()]
+        if isinstance(payload, (bytes, bytearray, memoryview)) or payload is None:
+            data = bytes(payload or b"")
+            if not any(k == b"content-length" for k, _ in headers):
+                headers.append((b"content-length", str(len(data)).encode()))
+            await send({"type": "http.response.start", "status": response.status, "headers": headers})
+            await send({"type": "http.response.body", "body": data})
+            return
+        await send({"type": "http.response.start", "status": response.status, "headers": headers})
+        await self._stream(payload, body, receive, send)
+
+    async def _stream(self, payload: Any, body: AsgiBody, receive, send) -> None:
+        """Send an async-iterator body. A watcher waits for http.disconnect: uvicorn's send() silently drops data
+        for a gone client, so without it a relay would keep running for nobody."""
+        pump = asyncio.ensure_future(self._pump(payload, send))
+        watch = asyncio.ensure_future(self._wait_disconnect(body, receive))
+        try:
+            done, _ = await asyncio.wait({pump, watch}, return_when=asyncio.FIRST_COMPLETED)
+            if pump in done:
+                pump.result()  # re-raise a producer failure (uvicorn then closes the connection)
+        finally:
+            for task in (pump, watch):
+                task.cancel()
+            await asyncio.gather(pump, watch, return_exceptions=True)
+            aclose = getattr(payload, "aclose", None)
+            if aclose is not None:
+                try:
+                    await aclose()
+                except Exception:
+                    log.debug("closing a response stream failed", exc_info=True)
+
+    @staticmethod
+    async def _pump(payload: Any, send) -> None:
+        async for chunk in payload:
+            if chunk:
+                await send({"type": "http.response.body", "body": bytes(chunk), "more_body": True})
+        await send({"type": "http.response.body", "body": b"", "more_body": False})
+
+    @staticmethod
+    async def _wait_disconnect(body: AsgiBody, receive) -> None:
+        if body.disconnected:
+            return
+        while True:
+            message = await receive()
+            if message["type"] == "http.disconnect":
+                return
