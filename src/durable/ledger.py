@@ -1,0 +1,41 @@
+"""The request ledger: which request ids this workspace has seen, bounded to the newest LEDGER_MAX_REQUESTS.
+
+An id used by an exec is never run again (duplicate_request). A cancel that arrives before its exec is kept as
+`cancel`, so the exec, when it arrives, ends with command_cancelled instead of running.
+"""
+
+from durable.store import Store
+from protocol import limits
+
+EXEC = "exec"
+CANCEL = "cancel"
+
+
+class Ledger:
+    def __init__(self, store: Store, limit: int = limits.LEDGER_MAX_REQUESTS):
+        self._sql = store.sql
+        self._limit = limit
+
+    def lookup(self, request_id: str) -> str | None:
+        rows = self._sql("SELECT kind FROM ledger WHERE request_id = ?", request_id)
+        return rows[0]["kind"] if rows else None
+
+    def record_exec(self, request_id: str) -> None:
+        # an early cancel turns into a used id (keeping its place in the order)
+        self._sql(
+            "INSERT INTO ledger (request_id, kind) VALUES (?, ?) ON CONFLICT(request_id) DO UPDATE SET kind = ?",
+            request_id,
+            EXEC,
+            EXEC,
+        )
+        self._trim()
+
+    def record_cancel(self, request_id: str) -> None:
+        self._sql("INSERT OR IGNORE INTO ledger (request_id, kind) VALUES (?, ?)", request_id, CANCEL)
+        self._trim()
+
+    def __len__(self) -> int:
+        return self._sql("SELECT COUNT(*) AS n FROM ledger")[0]["n"]
+
+    def _trim(self) -> None:
+        self._sql("DELETE FROM ledger WHERE seq <= (SELECT MAX(seq) FROM ledger) - ?", self._limit)

@@ -1,0 +1,62 @@
+"""Which snapshots to keep: a pure function of (snapshots, now), tested on its own.
+
+Keeps the newest snapshot in each 5-minute slot of the last 2 hours, in each hourly slot of the last 24 hours,
+in each of the 5 newest UTC days and in each of the 5 newest ISO weeks that have a snapshot — and always the
+newest snapshot overall. Slots are aligned to the epoch (not to `now`), so a slot's keeper does not change as
+time passes; it only ages out of the window.
+"""
+
+from collections.abc import Iterable
+
+MINUTE_MS = 60_000
+HOUR_MS = 60 * MINUTE_MS
+DAY_MS = 24 * HOUR_MS
+
+FINE_SLOT_MS = 5 * MINUTE_MS
+FINE_WINDOW_MS = 2 * HOUR_MS
+HOURLY_WINDOW_MS = 24 * HOUR_MS
+DAILY_KEEP = 5
+WEEKLY_KEEP = 5
+
+
+def _iso_week(created_ms: int) -> int:
+    """A number unique to the ISO week (Monday to Sunday, UTC) containing `created_ms`."""
+    day = created_ms // DAY_MS
+    return (day + 3) // 7  # 1970-01-01 was a Thursday: +3 moves week boundaries to Mondays
+
+
+def _newest_per(snapshots: list[tuple[str, int]], key) -> dict[int, tuple[str, int]]:
+    best: dict[int, tuple[str, int]] = {}
+    for snap in snapshots:
+        k = key(snap[1])
+        if k is None:
+            continue
+        if k not in best or snap[1] > best[k][1] or (snap[1] == best[k][1] and snap[0] > best[k][0]):
+            best[k] = snap
+    return best
+
+
+def keep(snapshots: Iterable[tuple[str, int]], now_ms: int) -> set[str]:
+    """The ids to keep among (id, created_at_ms) pairs."""
+    snaps = list(snapshots)
+    if not snaps:
+        return set()
+    kept: set[str] = set()
+    fine = _newest_per(snaps, lambda t: t // FINE_SLOT_MS if now_ms - t < FINE_WINDOW_MS else None)
+    hourly = _newest_per(snaps, lambda t: t // HOUR_MS if now_ms - t < HOURLY_WINDOW_MS else None)
+    daily = _newest_per(snaps, lambda t: t // DAY_MS)
+    weekly = _newest_per(snaps, _iso_week)
+    kept.update(s[0] for s in fine.values())
+    kept.update(s[0] for s in hourly.values())
+    kept.update(daily[k][0] for k in sorted(daily, reverse=True)[:DAILY_KEEP])
+    kept.update(weekly[k][0] for k in sorted(weekly, reverse=True)[:WEEKLY_KEEP])
+    newest = max(snaps, key=lambda s: (s[1], s[0]))
+    kept.add(newest[0])  # never delete the newest, whatever the clock says
+    return kept
+
+
+def drop(snapshots: Iterable[tuple[str, int]], now_ms: int) -> list[str]:
+    """The ids `keep` does not keep, in the given order."""
+    snaps = list(snapshots)
+    kept = keep(snaps, now_ms)
+    return [s[0] for s in snaps if s[0] not in kept]

@@ -1,0 +1,117 @@
+"""Calls from the workspace to the supervisor inside its container (docs/protocol.md, "Supervisor API")."""
+
+import json
+import logging
+import secrets
+import shlex
+from typing import Any
+from urllib.parse import quote
+
+from durable.ports import JSON_TYPE, Clock, Container, ContainerGone, ContainerResponse
+from protocol.errors import ERRORS, ProtocolError
+
+log = logging.getLogger("flarebox.supervisor")
+
+STARTUP_BUDGET_SECONDS = 60
+HEALTH_TIMEOUT_SECONDS = 5
+_POLL_FIRST_SECONDS = 0.05
+_POLL_MAX_SECONDS = 0.5
+
+
+def query(**params: Any) -> str:
+    """A query string that every parser reads the same way (`%20` for space, `%2B` for plus)."""
+    return "&".join(f"{k}={quote(str(v), safe='/')}" for k, v in params.items() if v is not None)
+
+
+async def error_of(resp: ContainerResponse, fallback: str = "exec_failed") -> ProtocolError:
+    """The supervisor's `{"error": {...}}` as a ProtocolError; an unknown code or body becomes `fallback`."""
+    try:
+        err = (await resp.json())["error"]
+        code, message = err["code"], err.get("message")
+        if code in ERRORS and (message is None or isinstance(message, str)):
+            return ProtocolError(code, message)
+    except Exception:
+        pass
+    return ProtocolError(fallback, f"the sandbox answered HTTP {resp.status}")
+
+
+async def health(container: Container) -> dict | None:
+    """The supervisor's /health body, or None when it is not (yet) answering."""
+    try:
+        resp = await container.fetch("GET", "/health", timeout=HEALTH_TIMEOUT_SECONDS)
+        if resp.status != 200:
+            await resp.read()
+            return None
+        body = await resp.json()
+        return body if isinstance(body, dict) else None
+    except ContainerGone:
+        return None
+
+
+async def running_commands(container: Container) -> int:
+    body = await health(container)
+    if body is None:
+        return 0
+    value = body.get("running", 0)
+    return value if isinstance(value, int) else 0
+
+
+async def wait_ready(container: Container, clock: Clock, budget_seconds: float = STARTUP_BUDGET_SECONDS) -> None:
+    """Poll /health until it answers 200. Raises startup_timeout after the budget, container_unavailable when
+    the container stops while starting."""
+    deadline = clock.now_ms() + int(budget_seconds * 1000)
+    delay = _POLL_FIRST_SECONDS
+    while True:
+        if not container.running():
+            raise ProtocolError("container_unavailable", "the container stopped while starting")
+        if await health(container) is not None:
+            return
+        if clock.now_ms() >= deadline:
+            raise ProtocolError("startup_timeout")
+        await clock.sleep(delay)
+        delay = min(delay * 2, _POLL_MAX_SECONDS)
+
+
+async def make_dir(container: Container, path: str) -> bool:
+    """Create `path` (and parents) as the sandbox user through an internal exec; True when it exists after.
+    A failure is not fatal here: the user's command then fails with invalid_cwd, which says what is wrong."""
+    request = {
+        "request_id": secrets.token_hex(16),
+        "command": f"mkdir -p -- {shlex.quote(path)}",
+        "timeout": 30,
+        "stdin": None,
+        "login": False,
+        "cwd": "/",
+        "env": {},
+    }
+    try:
+        resp = await container.fetch(
+            "POST", "/exec", body=json.dumps(request).encode(), headers={"content-type": JSON_TYPE}, timeout=60
+        )
+        data = await resp.read()
+    except ContainerGone:
+        return False
+    if resp.status != 200:
+        log.warning("creating the workspace cwd failed: HTTP %s", resp.status)
+        return False
+    lines = [line for line in data.decode("utf-8", "replace").splitlines() if line.strip()]
+    try:
+        last = json.loads(lines[-1]) if lines else {}
+    except ValueError:
+        last = {}
+    ok = last.get("type") == "exit" and last.get("exit_code") == 0
+    if not ok:
+        log.warning("creating the workspace cwd failed: %s", last.get("code") or last.get("exit_code"))
+    return ok
+
+
+async def sync(container: Container) -> None:
+    """Flush filesystem buffers before a snapshot. Best effort: a snapshot without it is still consistent for
+    every file that was closed."""
+    try:
+        resp = await container.fetch("POST", "/sync", timeout=30)
+        await resp.read()
+    except ContainerGone:
+        raise
+    except Exception:
+        log.warning("sync before snapshot failed", exc_info=True)

@@ -1,0 +1,301 @@
+"""TEST DOUBLES for the workspace's ports, small and in-process. They are not runtimes: the real adapters
+(src/standalone/, src/entry.py) are tested end-to-end by their own suites. Storage is real SQLite (:memory:)."""
+
+import asyncio
+import json
+import sqlite3
+from urllib.parse import parse_qs, urlsplit
+
+from durable.ports import ContainerGone, SnapshotInfo
+from protocol.errors import ProtocolError, error_body
+from protocol.events import encode_event, exit_event, output_event
+
+
+class MemoryStorage:
+    """Real SQLite, autocommit, rows as dicts (the shape ctx.storage.sql and the standalone storage return)."""
+
+    def __init__(self):
+        self.db = sqlite3.connect(":memory:", isolation_level=None)
+        self.db.row_factory = sqlite3.Row
+
+    def sql(self, query, *params):
+        return [dict(r) for r in self.db.execute(query, params).fetchall()]
+
+
+async def settle(rounds: int = 20) -> None:
+    for _ in range(rounds):
+        await asyncio.sleep(0)
+
+
+class ManualClock:
+    """Time moves only when a test calls advance(); spawned tasks are tracked so tests can wait for them."""
+
+    def __init__(self, now_ms: int = 1_700_000_000_000):
+        self.now = now_ms
+        self.sleepers: list[tuple[float, int, asyncio.Future]] = []
+        self.tasks: list[asyncio.Task] = []
+        self._seq = 0
+
+    def now_ms(self) -> int:
+        return int(self.now)
+
+    async def sleep(self, seconds: float) -> None:
+        fut = asyncio.get_running_loop().create_future()
+        self._seq += 1
+        entry = (self.now + seconds * 1000, self._seq, fut)
+        self.sleepers.append(entry)
+        try:
+            await fut
+        finally:
+            self.sleepers.remove(entry)
+
+    def spawn(self, coro) -> None:
+        self.tasks.append(asyncio.ensure_future(coro))
+
+    async def advance(self, seconds: float) -> None:
+        target = self.now + seconds * 1000
+        while True:
+            await settle()
+            ready = [s for s in self.sleepers if s[0] <= target and not s[2].done()]
+            if not ready:
+                break
+            at, _, fut = min(ready, key=lambda s: (s[0], s[1]))
+            self.now = max(self.now, at)
+            fut.set_result(None)
+        self.now = target
+        await settle()
+
+    async def drain(self) -> None:
+        await asyncio.wait_for(asyncio.gather(*self.tasks), timeout=5)
+
+
+class RecordingAlarm:
+    def __init__(self):
+        self.at_ms: int | None = None
+
+    async def set(self, at_ms):
+        self.at_ms = at_ms
+
+    async def clear(self):
+        self.at_ms = None
+
+
+class ListSink:
+    """Collects what the workspace writes; `readable` is the sink itself so tests can read it back."""
+
+    def __init__(self):
+        self.data = bytearray()
+        self.closed = False
+        self.readable = self
+
+    async def write(self, data: bytes) -> None:
+        assert not self.closed, "write after close"
+        self.data += data
+
+    async def pipe_from(self, body) -> None:
+        async for chunk in body:  # the double's bodies raise ContainerGone when the container dies
+            await self.write(chunk)
+
+    async def close(self) -> None:
+        self.closed = True
+
+    def events(self) -> list[dict]:
+        return [json.loads(line) for line in self.data.decode().splitlines()]
+
+
+class ListStreams:
+    def __init__(self):
+        self.opened: list[ListSink] = []
+
+    def open(self) -> ListSink:
+        sink = ListSink()
+        self.opened.append(sink)
+        return sink
+
+
+class Reply:
+    def __init__(self, status, body=b"", headers=None):
+        self.status = status
+        self.headers = headers or {}
+        self.body = body  # bytes, or an async iterator of bytes (an opaque stream to the workspace)
+
+    async def read(self) -> bytes:
+        if isinstance(self.body, bytes):
+            return self.body
+        return b"".join([c async for c in self.body])
+
+    async def json(self):
+        return json.loads(await self.read())
+
+
+def _json(status, obj):
+    return Reply(status, json.dumps(obj).encode(), {"content-type": "application/json"})
+
+
+class FakeContainer:
+    """TEST DOUBLE of ports.Container: serves the supervisor routes in-process. Commands: `hold` runs until
+    release(); `fail` exits 1; anything else prints `ran: <command>` and exits 0."""
+
+    def __init__(self, clock: ManualClock):
+        self.clock = clock
+        self.up = False
+        self.disk: dict[str, bytes] | None = None  # None: no filesystem exists
+        self.keep_disk_on_crash = False
+        self.snapshots: dict[str, dict[str, bytes]] = {}
+        self.damaged: set[str] = set()
+        self.starts: list = []
+        self.start_gate: asyncio.Event | None = None
+        self.start_error: ProtocolError | None = None
+        self.unready_polls = 0  # /health answers 503 this many times after a start
+        self.fail_snapshots = 0
+        self.snapshot_gate: asyncio.Event | None = None
+        self.deleted_snapshots: list[str] = []
+        self.destroys = 0
+        self.execs: list[dict] = []
+        self.cancels: list[str] = []
+        self.pending_cancels: set[str] = set()
+        self.journal: dict[str, list[dict]] = {}
+        self.holds: dict[str, asyncio.Event] = {}
+        self.syncs = 0
+        self._n = 0
+
+    # --- ports.Container ---
+    def running(self) -> bool:
+        return self.up
+
+    def has_disk(self) -> bool:
+        return not self.up and self.disk is not None
+
+    async def start(self, spec) -> None:
+        self.starts.append(spec)
+        if self.start_gate is not None:
+            await self.start_gate.wait()
+        if self.start_error is not None:
+            raise self.start_error
+        if spec.snapshot_id is not None:
+            if spec.snapshot_id in self.damaged:
+                raise ProtocolError("snapshot_damaged")
+            self.disk = dict(self.snapshots[spec.snapshot_id])
+        elif self.disk is None:
+            self.disk = {}
+        self.up = True
+
+    async def snapshot(self) -> SnapshotInfo:
+        if self.snapshot_gate is not None:
+            await self.snapshot_gate.wait()
+        if not self.up:
+            raise ContainerGone()
+        if self.fail_snapshots:
+            self.fail_snapshots -= 1
+            raise ProtocolError("snapshot_failed")
+        self._n += 1
+        sid = f"snap-{self._n}"
+        self.snapshots[sid] = dict(self.disk)
+        return SnapshotInfo(sid, 100 + self._n, self.clock.now_ms())
+
+    async def delete_snapshot(self, snapshot_id) -> None:
+        self.deleted_snapshots.append(snapshot_id)
+        self.snapshots.pop(snapshot_id, None)
+
+    async def destroy(self) -> None:
+        self.destroys += 1
+        self.up = False
+        self.disk = None
+        for ev in self.holds.values():
+            ev.set()
+
+    # --- test controls ---
+    def crash(self) -> None:
+        self.up = False
+        if not self.keep_disk_on_crash:
+            self.disk = None
+        for ev in self.holds.values():
+            ev.set()
+
+    def release(self, rid: str) -> None:
+        self.holds[rid].set()
+
+    # --- the supervisor routes ---
+    async def fetch(self, method, path, *, body=None, headers=None, timeout=None):
+        if not self.up:
+            raise ContainerGone()
+        url = urlsplit(path)
+        q = {k: v[0] for k, v in parse_qs(url.query).items()}
+        parts = url.path.strip("/").split("/")
+        if (method, url.path) == ("GET", "/health"):
+            if self.unready_polls:
+                self.unready_polls -= 1
+                return _json(503, {"ok": False})
+            running = sum(1 for ev in self.holds.values() if not ev.is_set())
+            return _json(200, {"ok": True, "running": running, "user": "sandbox"})
+        if (method, url.path) == ("POST", "/sync"):
+            self.syncs += 1
+            return _json(200, {"ok": True})
+        if (method, url.path) == ("POST", "/exec"):
+            return self._exec(json.loads(body))
+        if method == "GET" and parts[0] == "exec" and len(parts) == 2:
+            if parts[1] not in self.journal:
+                return _json(404, error_body("request_not_found"))
+            offset = int(q.get("offset", 0))
+            return Reply(200, self._replay(parts[1], offset))
+        if method == "POST" and parts[0] == "exec" and parts[-1] == "cancel":
+            rid = parts[1]
+            self.cancels.append(rid)
+            if rid in self.holds and not self.holds[rid].is_set():
+                self.holds[rid].set()
+                return _json(200, {"request_id": rid, "state": "cancelled"})
+            if rid in self.journal:
+                return _json(200, {"request_id": rid, "state": "finished"})
+            self.pending_cancels.add(rid)
+            return _json(200, {"request_id": rid, "state": "pending"})
+        if url.path == "/files" and method == "GET":
+            data = self.disk.get(q["path"])
+            if data is None:
+                return _json(404, error_body("file_not_found"))
+            return Reply(200, data, {"content-type": "application/octet-stream", "content-length": str(len(data))})
+        if url.path == "/files" and method == "PUT":
+            data = b"".join(body.chunks)
+            assert len(data) == int(headers["content-length"])
+            self.disk[q["path"]] = data
+            self.last_write_query = q
+            return _json(200, {"path": q["path"], "size": len(data)})
+        return _json(404, error_body("not_found"))
+
+    def _exec(self, req):
+        self.execs.append(req)
+        rid, command = req["request_id"], req["command"]
+        if rid in self.pending_cancels:
+            return _json(409, error_body("command_cancelled"))
+        if command.startswith("mkdir -p -- "):
+            self.disk[command.removeprefix("mkdir -p -- ").strip("'") + "/"] = b""
+            return Reply(200, encode_event(exit_event(0, "exited", 1)))
+        if req["cwd"] + "/" not in self.disk and req["cwd"] != "/":
+            return _json(400, error_body("invalid_cwd"))
+        self.journal[rid] = []
+        if command == "hold":
+            self.holds[rid] = asyncio.Event()
+        return Reply(200, self._run(rid, command))
+
+    async def _run(self, rid, command):
+        out = output_event(f"ran: {command}\n", 0)
+        self.journal[rid].append(out)
+        yield encode_event(out)
+        if command == "hold":
+            await self.holds[rid].wait()
+            if not self.up:
+                raise ContainerGone()
+        end = exit_event(1 if command == "fail" else 0, "exited", 5)
+        self.journal[rid].append(end)
+        yield encode_event(end)
+
+    async def _replay(self, rid, offset):
+        for ev in self.journal[rid]:
+            if ev["type"] != "output" or ev["offset"] >= offset:
+                yield encode_event(ev)
+
+
+class UploadBody:
+    """An opaque upload stream: the workspace must pass it on without reading it."""
+
+    def __init__(self, chunks):
+        self.chunks = chunks
