@@ -40,6 +40,7 @@ class _Entry:
     alarm: PersistentAlarm
     container: Any
     workspace: Any = None
+    inflight: int = 0  # calls and alarms running on the object: it is only forgotten when idle
 
 
 class _Stub:
@@ -51,9 +52,12 @@ class _Stub:
 
     async def call(self, op: str, args: dict[str, Any], body: Any = None) -> Response:
         entry = self._registry.entry(*self._key)
-        response = await entry.workspace.call(op, args, body)
-        self._registry.after_call(entry, op, response)
-        return response
+        entry.inflight += 1
+        try:
+            return await entry.workspace.call(op, args, body)
+        finally:
+            entry.inflight -= 1
+            self._registry.forget_if_gone(entry)
 
 
 class WorkspaceRegistry:
@@ -107,8 +111,12 @@ class WorkspaceRegistry:
 
         async def fire() -> None:
             entry = holder["entry"]
-            await entry.workspace.alarm()
-            self.after_alarm(entry)
+            entry.inflight += 1
+            try:
+                await entry.workspace.alarm()
+            finally:
+                entry.inflight -= 1
+                self.forget_if_gone(entry)
 
         alarm = PersistentAlarm(storage, self.clock, fire, f"{namespace}/{name}")
         container = self._container_factory(namespace, name, directory)
@@ -128,24 +136,16 @@ class WorkspaceRegistry:
 
     # --- forgetting deleted workspaces -----------------------------------------------------------------------
 
-    def after_call(self, entry: _Entry, op: str, response: Response) -> None:
-        if response.status == 200 and self._deleted(entry, op, response):
-            self._forget(entry)
-
-    def after_alarm(self, entry: _Entry) -> None:
-        if self._deleted(entry, "alarm", None):
+    def forget_if_gone(self, entry: _Entry) -> None:
+        """Drop an object with no workspace behind it (deleted, expired ephemeral, or never created) once nothing
+        runs on it: its SQLite file and directory go, so unknown names and deleted workspaces leave nothing."""
+        if entry.inflight == 0 and not self._closing and not self._exists(entry):
             self._forget(entry)
 
     @staticmethod
-    def _deleted(entry: _Entry, op: str, response: Response | None) -> bool:
-        flag = getattr(entry.workspace, "deleted", None)
-        if flag is not None:
-            return bool(flag() if callable(flag) else flag)
-        if op == "delete":
-            return True
-        if op == "stop" and isinstance(response.body, bytes):
-            return b'"deleted":true' in response.body
-        return False
+    def _exists(entry: _Entry) -> bool:
+        state = getattr(entry.workspace, "state", None)
+        return bool(getattr(state, "exists", True))
 
     def _forget(self, entry: _Entry) -> None:
         key = (entry.namespace, entry.name)
@@ -155,7 +155,7 @@ class WorkspaceRegistry:
         entry.alarm.close()
         entry.storage.close()
         shutil.rmtree(entry.directory, ignore_errors=True)
-        log.info("forgot deleted workspace %s/%s", entry.namespace, entry.name)
+        log.debug("forgot workspace object %s/%s", entry.namespace, entry.name)
 
     # --- server start and stop -------------------------------------------------------------------------------
 

@@ -14,8 +14,10 @@ import uvicorn
 from standalone.clock import AsyncioClock
 from standalone.config import load_settings
 from standalone.registry import WorkspaceRegistry
+from standalone.sandbox_driver import SandboxDriver
 from standalone.server import FlareboxApp
 from standalone.token import load_or_create_token, token_notice
+from worker.edge import Edge
 
 log = logging.getLogger("flarebox.serve")
 
@@ -32,14 +34,11 @@ def _version() -> str:
         return "0.0.0"
 
 
-def build_app(data_dir: Path, settings, token: str | None) -> tuple[FlareboxApp, WorkspaceRegistry]:
-    from standalone.sandbox_driver import container_factory, stop_container
-    from worker.edge import Edge
-
-    clock = AsyncioClock()
-    registry = WorkspaceRegistry(data_dir, settings, clock, container_factory(data_dir, settings), stop_container)
+def build_app(data_dir: Path, settings, token: str | None) -> tuple[FlareboxApp, WorkspaceRegistry, SandboxDriver]:
+    driver = SandboxDriver(data_dir, settings)
+    registry = WorkspaceRegistry(data_dir, settings, AsyncioClock(), driver.make, driver.stop)
     edge = Edge(token=token, settings=settings, directory=registry, version=_version())
-    return FlareboxApp(edge, on_shutdown=registry.shutdown), registry
+    return FlareboxApp(edge, on_shutdown=registry.shutdown), registry, driver
 
 
 def run_server(*, host: str, port: int, data_dir: Path, log_level: str = "info") -> int:
@@ -53,14 +52,12 @@ def run_server(*, host: str, port: int, data_dir: Path, log_level: str = "info")
         return 2
     token = load_or_create_token(data_dir)
     base_url = f"http://{host}:{port}" if ":" not in host else f"http://[{host}]:{port}"
-    app, registry = build_app(data_dir, settings, token.value if token.usable else None)
-
-    from standalone.sandbox_driver import limits_report
+    app, registry, driver = build_app(data_dir, settings, token.value if token.usable else None)
 
     out = sys.stdout
     out.write(f"Flarebox {_version()} (protocol 1) — data in {data_dir}\n")
     out.write(token_notice(token, base_url))
-    out.write(f"Instance limits: {limits_report()}\n")
+    out.write(f"Instance limits: {driver.limits_report}\n")
     out.write(
         f"Idle workspaces are saved after {settings.idle_seconds} s; internet in sandboxes: "
         f"{'on' if settings.enable_internet else 'off'}.\n"

@@ -1,0 +1,220 @@
+"""Helpers for the end-to-end tests: exec over raw HTTP (httpx), finding a workspace's sandbox processes, polling."""
+
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+import uuid
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+TOKEN = "t0k3n-for-tests-" + "x" * 40
+REPO = Path(__file__).resolve().parents[2]
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def flarebox_command() -> list[str]:
+    """The installed `flarebox` console script next to this interpreter, else the module."""
+    script = Path(sys.executable).with_name("flarebox")
+    return [str(script)] if script.exists() else [sys.executable, "-m", "standalone.cli"]
+
+
+class ServerProcess:
+    def __init__(self, data_dir: Path, env: dict[str, str], token: str | None = TOKEN):
+        self.data_dir = Path(data_dir)
+        self.token = token
+        self.extra_env = dict(env)
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.proc: subprocess.Popen | None = None
+        self.log_path = self.data_dir.parent / f"{self.data_dir.name}-server-{self.port}.log"
+
+    @property
+    def env(self) -> dict[str, str]:
+        env = {k: v for k, v in os.environ.items() if not k.startswith(("HERMES_CF_", "SANDBOX_API_TOKEN"))}
+        env.update({"PYTHONUNBUFFERED": "1", "FLAREBOX_DATA_DIR": str(self.data_dir)})
+        if self.token is not None:
+            env["SANDBOX_API_TOKEN"] = self.token
+        env.update(self.extra_env)
+        return env
+
+    def client_env(self) -> dict[str, str]:
+        """Environment for a `flarebox` client command aimed at this server."""
+        env = {k: v for k, v in os.environ.items() if not k.startswith("HERMES_CF_")}
+        env.update({"HERMES_CF_ENDPOINT": self.url, "HERMES_CF_TOKEN": self.token or "", "PYTHONUNBUFFERED": "1"})
+        return env
+
+    def start(self, timeout: float = 30) -> "ServerProcess":
+        self.data_dir.mkdir(parents=True, exist_ok=True)
+        log = open(self.log_path, "ab")
+        cmd = flarebox_command() + ["serve", "--host", "127.0.0.1", "--port", str(self.port)]
+        cmd += ["--data-dir", str(self.data_dir)]
+        self.proc = subprocess.Popen(
+            cmd, stdout=log, stderr=subprocess.STDOUT, env=self.env, cwd=REPO, start_new_session=True
+        )
+        log.close()
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"flarebox serve exited with {self.proc.returncode}:\n{self.output()}")
+            try:
+                if httpx.get(self.url + "/v1/health", headers=self.headers(), timeout=2).status_code in (200, 503):
+                    return self
+            except httpx.TransportError:
+                pass
+            time.sleep(0.1)
+        self.stop()
+        raise RuntimeError(f"flarebox serve did not answer /v1/health in {timeout} s:\n{self.output()}")
+
+    def headers(self, token: str | None = None) -> dict[str, str]:
+        token = token or self.token
+        return {"Authorization": f"Bearer {token}"} if token else {}
+
+    def client(self, **kwargs) -> httpx.Client:
+        return httpx.Client(base_url=self.url, headers=self.headers(), timeout=60, **kwargs)
+
+    def output(self) -> str:
+        try:
+            return self.log_path.read_text(errors="replace")[-8000:]
+        except FileNotFoundError:
+            return ""
+
+    def kill(self) -> None:
+        """SIGKILL the server alone (a crash): its sandboxes are left for the sweep in stop()."""
+        if self.proc is not None and self.proc.poll() is None:
+            os.kill(self.proc.pid, signal.SIGKILL)
+            self.proc.wait(10)
+
+    def stop(self, timeout: float = 15) -> int | None:
+        """SIGTERM (clean shutdown), SIGKILL if it hangs, then kill whatever is left in its session."""
+        if self.proc is None:
+            return None
+        pid = self.proc.pid
+        try:
+            if self.proc.poll() is None:
+                os.kill(pid, signal.SIGTERM)
+                try:
+                    self.proc.wait(timeout)
+                except subprocess.TimeoutExpired:
+                    os.kill(pid, signal.SIGKILL)
+                    self.proc.wait(10)
+        finally:
+            try:
+                os.killpg(pid, signal.SIGKILL)  # the session we created: sandboxes orphaned by a crash
+            except ProcessLookupError:
+                pass
+        return self.proc.returncode
+
+
+def short_temp_dir() -> Path:
+    """A temp dir with a short path: the sandboxes' unix sockets live under the data dir (paths < 108 bytes)."""
+    path = Path(tempfile.mkdtemp(prefix="fbx-e2e-", dir="/tmp"))  # noqa: S108 - short on purpose, removed after
+    path.chmod(0o755)
+    return path
+
+
+def remove_temp_dir(path: Path) -> None:
+    # sandboxes leave read-only directories behind; make them removable first
+    subprocess.run(["chmod", "-R", "u+rwX", str(path)], check=False, capture_output=True)
+    shutil.rmtree(path, ignore_errors=True)
+
+
+
+def rid() -> str:
+    return uuid.uuid4().hex
+
+
+def ws_url(ns: str, ws: str, *rest: str) -> str:
+    return "/".join(["/v1/workspaces", ns, ws, *rest])
+
+
+def put_workspace(client: httpx.Client, ns: str, ws: str, **config: Any) -> httpx.Response:
+    return client.put(ws_url(ns, ws), json=config)
+
+
+def exec_events(client: httpx.Client, ns: str, ws: str, command: str, timeout: float = 120, **fields: Any) -> list:
+    """POST …/exec and collect every event (the stream must be a 200 NDJSON stream)."""
+    body = {"request_id": fields.pop("request_id", rid()), "command": command, **fields}
+    with client.stream("POST", ws_url(ns, ws, "exec"), json=body, timeout=timeout) as response:
+        if response.status_code != 200:
+            response.read()
+            raise AssertionError(f"exec answered {response.status_code}: {response.text}")
+        assert response.headers["content-type"].startswith("application/x-ndjson")
+        return [json.loads(line) for line in response.iter_lines() if line.strip()]
+
+
+def output_of(events: list) -> str:
+    return "".join(e["data"] for e in events if e["type"] == "output")
+
+
+def terminal(events: list) -> dict:
+    ends = [e for e in events if e["type"] in ("exit", "error")]
+    assert len(ends) == 1 and events[-1] is ends[0], f"expected exactly one terminal event last: {events}"
+    return ends[0]
+
+
+def started(events: list) -> dict:
+    starts = [e for e in events if e["type"] == "started"]
+    assert len(starts) == 1, events
+    return starts[0]
+
+
+def run_ok(client: httpx.Client, ns: str, ws: str, command: str, **fields: Any) -> tuple[str, list]:
+    """Run a command that must exit 0; returns (output, events)."""
+    events = exec_events(client, ns, ws, command, **fields)
+    end = terminal(events)
+    assert end["type"] == "exit" and end["exit_code"] == 0, events
+    return output_of(events), events
+
+
+def wait_until(predicate: Callable[[], Any], timeout: float, interval: float = 0.2, what: str = "condition") -> Any:
+    deadline = time.monotonic() + timeout
+    while True:
+        value = predicate()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout} s waiting for {what}")
+        time.sleep(interval)
+
+
+def _cmdline(pid: int) -> list[str]:
+    try:
+        raw = Path(f"/proc/{pid}/cmdline").read_bytes()
+    except OSError:
+        return []
+    return [part.decode(errors="replace") for part in raw.split(b"\0") if part]
+
+
+def sandbox_pids(server: "ServerProcess", workspace: str) -> list[int]:
+    """PIDs of the bwrap processes running `workspace` for `server`: bwrap is given `--hostname <workspace>`, and
+    its output goes to a log under the server's data dir (bind paths may be staged, so they do not identify it)."""
+    pids = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        cmd = _cmdline(int(entry))
+        if not cmd or os.path.basename(cmd[0]) != "bwrap":
+            continue
+        if not any(a == "--hostname" and b == workspace[:63] for a, b in zip(cmd, cmd[1:], strict=False)):
+            continue
+        try:
+            out = os.readlink(f"/proc/{entry}/fd/1")
+        except OSError:
+            continue
+        if out.startswith(str(server.data_dir) + "/"):
+            pids.append(int(entry))
+    return sorted(pids)
