@@ -93,6 +93,22 @@ def table_rows(text: str) -> list[list[str]]:
     return rows
 
 
+def fenced_blocks(doc: str) -> list[tuple[str, str]]:
+    """(language, text) of every fenced code block, indented ones (inside list items) included."""
+    blocks, lang, lines = [], None, []
+    for line in doc.splitlines():
+        fence = re.fullmatch(r" *```(\w*)", line)
+        if fence and lang is None:
+            lang, lines = fence.group(1), []
+        elif fence:
+            blocks.append((lang, "\n".join(line.strip() for line in lines)))
+            lang = None
+        elif lang is not None:
+            lines.append(line)
+    assert lang is None, "an unclosed code fence in protocol.md"
+    return blocks
+
+
 def code_cell(cell: str) -> str | None:
     match = re.fullmatch(r"`([^`]+)`", cell)
     return match.group(1) if match else None
@@ -264,7 +280,9 @@ def test_parameters_and_schemas_carry_the_protocol_patterns(spec):
 
 def test_every_curl_example_route_exists_and_every_route_has_one(doc, spec):
     seen = set()
-    for block in re.findall(r"^ *```sh\n(.*?)^ *```", doc, re.M | re.S):
+    for lang, block in fenced_blocks(doc):
+        if lang != "sh":
+            continue
         for command in block.replace("\\\n", " ").splitlines():
             if not command.lstrip().startswith("curl "):
                 continue
@@ -421,16 +439,26 @@ def test_the_event_schema_is_strict(spec, event):
     assert not schema_validator(spec, "ExecEvent").is_valid(event)
 
 
-def test_doc_event_examples_are_valid_events(doc, spec):
+def test_doc_event_examples_are_valid_streams(doc, spec):
     schema = schema_validator(spec, "ExecEvent")
-    lines = [line for line in doc.splitlines() if line.startswith('{"type":')]
-    assert len(lines) >= 10
-    for line in lines:
-        schema.validate(json.loads(line))
+    streams = [
+        [json.loads(line) for line in block.splitlines()]
+        for lang, block in fenced_blocks(doc)
+        if lang == "" and block.startswith('{"type":')
+    ]
+    assert len(streams) >= 2
+    for events in streams:
+        offset = 0
+        for event in events:
+            schema.validate(event)
+            if event["type"] == "output":
+                assert event["offset"] == offset, f"offsets in the example are not contiguous: {event}"
+                offset += len(event["data"])
+        assert ev.is_terminal(events[-1]), "an example stream ends with its terminal event"
 
 
 def test_doc_json_examples_match_their_schemas(doc, spec):
-    blocks = [json.loads(block) for block in re.findall(r"^ *```json\n(.*?)^ *```", doc, re.M | re.S)]
+    blocks = [json.loads(block) for lang, block in fenced_blocks(doc) if lang == "json"]
     kinds = {"error": "Error", "state": "Status", "command": "ExecRequest"}
     checked = set()
     for block in blocks:
