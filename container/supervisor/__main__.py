@@ -1,0 +1,63 @@
+"""python -m flarebox_supervisor [--host H --port P | --unix PATH] [--user sandbox] [--workdir /workspace]"""
+
+import argparse
+import asyncio
+import logging
+import os
+import signal
+import sys
+
+from aiohttp import web
+
+from flarebox_supervisor import __version__
+from flarebox_supervisor.agent import make_file_access
+from flarebox_supervisor.identity import resolve_identity
+from flarebox_supervisor.server import make_app
+from flarebox_supervisor.settings import settings_from_env
+
+log = logging.getLogger("flarebox_supervisor")
+
+
+def parse_args(argv: list[str]) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(prog="flarebox_supervisor", description=__doc__)
+    parser.add_argument("--host", default="0.0.0.0", help="TCP address to listen on (default 0.0.0.0)")  # noqa: S104
+    parser.add_argument("--port", type=int, default=8080, help="TCP port (default 8080)")
+    parser.add_argument("--unix", metavar="PATH", help="listen on this unix socket instead of TCP")
+    parser.add_argument("--user", default="sandbox", help="unprivileged user for commands and files when root")
+    parser.add_argument("--workdir", default="/workspace", help="default cwd of commands")
+    return parser.parse_args(argv)
+
+
+async def serve(args: argparse.Namespace, app: web.Application) -> None:
+    runner = web.AppRunner(app, access_log=None, handle_signals=False)
+    await runner.setup()
+    if args.unix:
+        site = web.UnixSite(runner, args.unix)
+    else:
+        site = web.TCPSite(runner, args.host, args.port)
+    await site.start()
+    log.info("flarebox supervisor %s listening on %s as %s", __version__, site.name, app["identity"].name)
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    try:
+        await stop.wait()
+    finally:
+        await runner.cleanup()
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = parse_args(sys.argv[1:] if argv is None else argv)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    identity = resolve_identity(args.user)
+    settings = settings_from_env(os.path.abspath(args.workdir))
+    files = make_file_access(identity)  # forks the file agent now, while the process has a single thread
+    try:
+        asyncio.run(serve(args, make_app(settings, identity, files)))
+    finally:
+        files.close()
+
+
+if __name__ == "__main__":
+    main()

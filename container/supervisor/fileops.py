@@ -1,0 +1,94 @@
+"""The file operations behind GET/PUT /files, as plain functions that run with the caller's own rights.
+
+They are executed either in the supervisor itself (when it is unprivileged) or inside the file agent, a process
+running as the sandbox user (see agent.py), so the kernel's permission checks — symlinks included — are the sandbox
+user's. Each returns a JSON-able result and possibly an open file descriptor.
+"""
+
+import errno
+import os
+import secrets
+import stat
+
+from protocol.errors import ProtocolError
+
+_OPEN_FLAGS = os.O_CLOEXEC | os.O_NOCTTY
+
+
+def _fail(exc: OSError, what: str) -> ProtocolError:
+    if exc.errno in (errno.ENOENT, errno.ENOTDIR):
+        return ProtocolError("file_not_found", f"no file at that path ({what})")
+    if exc.errno in (errno.EACCES, errno.EPERM, errno.EROFS):
+        return ProtocolError("permission_denied", f"the sandbox user may not {what} that path")
+    if exc.errno in (errno.ELOOP, errno.ENAMETOOLONG):
+        return ProtocolError("invalid_path", f"cannot resolve that path ({os.strerror(exc.errno)})")
+    if exc.errno == errno.EISDIR:
+        return ProtocolError("not_a_file", "the path is a directory")
+    return ProtocolError("internal_error", f"cannot {what} that path ({os.strerror(exc.errno or 0)})")
+
+
+def open_read(path: str) -> tuple[dict, int]:
+    """Open a regular file for reading. O_NONBLOCK keeps a FIFO from hanging us; only regular files get through."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | _OPEN_FLAGS)
+    except OSError as exc:
+        raise _fail(exc, "read") from None
+    info = os.fstat(fd)
+    if not stat.S_ISREG(info.st_mode):
+        os.close(fd)
+        raise ProtocolError("not_a_file", "the path is not a regular file")
+    os.set_blocking(fd, True)
+    return {"size": info.st_size}, fd
+
+
+def create_temp(path: str) -> tuple[dict, int]:
+    """Create parents, then a new temp file beside the target (same filesystem, so the final rename is atomic)."""
+    parent, name = os.path.split(path)
+    if not name:
+        raise ProtocolError("not_a_file", "the path names a directory")
+    try:
+        os.makedirs(parent, mode=0o755, exist_ok=True)
+    except FileExistsError:
+        raise ProtocolError("not_a_file", "a parent of the path is not a directory") from None
+    except NotADirectoryError:
+        raise ProtocolError("not_a_file", "a parent of the path is not a directory") from None
+    except OSError as exc:
+        raise _fail(exc, "create") from None
+    try:
+        if stat.S_ISDIR(os.stat(path).st_mode):
+            raise ProtocolError("not_a_file", "the path is a directory")
+    except OSError:
+        pass  # missing (or unreadable: the rename below decides)
+    temp = os.path.join(parent, f".{name[:200]}.flarebox-{secrets.token_hex(6)}.tmp")
+    try:
+        fd = os.open(temp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | _OPEN_FLAGS, 0o600)
+    except OSError as exc:
+        raise _fail(exc, "write") from None
+    return {"temp": temp}, fd
+
+
+def commit(temp: str, path: str, mode: int) -> tuple[dict, None]:
+    try:
+        os.chmod(temp, mode)
+        os.rename(temp, path)
+    except OSError as exc:
+        _discard(temp)
+        if exc.errno in (errno.EISDIR, errno.ENOTEMPTY, errno.EEXIST):
+            raise ProtocolError("not_a_file", "the path is a directory") from None
+        raise _fail(exc, "write") from None
+    return {}, None
+
+
+def abort(temp: str) -> tuple[dict, None]:
+    _discard(temp)
+    return {}, None
+
+
+def _discard(temp: str) -> None:
+    try:
+        os.unlink(temp)
+    except OSError:
+        pass
+
+
+OPERATIONS = {"open_read": open_read, "create_temp": create_temp, "commit": commit, "abort": abort}

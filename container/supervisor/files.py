@@ -1,0 +1,99 @@
+"""GET and PUT /files: stream a file out of, or into, the workspace without holding it in memory.
+
+Descriptors come from the file agent (the sandbox user's rights); bytes are moved here in large chunks.
+"""
+
+import os
+
+from aiohttp import web
+
+from protocol.errors import ProtocolError
+from protocol.validate import parse_file_mode, validate_abs_path, validate_offset
+
+_CHUNK = 1024 * 1024
+
+
+def _query(request: web.Request, allowed: set[str]) -> dict[str, str]:
+    query = request.query
+    for key in query:
+        if key not in allowed:
+            raise ProtocolError("invalid_query", f"unknown query parameter {key!r}")
+        if len(query.getall(key)) > 1:
+            raise ProtocolError("invalid_query", f"{key} is given more than once")
+    return dict(query)
+
+
+def _limit(query: dict, default: int) -> int:
+    if "max_bytes" not in query:
+        return default
+    return min(validate_offset(query["max_bytes"]), default)
+
+
+def _path(query: dict) -> str:
+    if "path" not in query:
+        raise ProtocolError("invalid_query", "path is required")
+    return validate_abs_path(query["path"])
+
+
+async def get_file(request: web.Request) -> web.StreamResponse:
+    query = _query(request, {"path", "max_bytes"})
+    path = _path(query)
+    limit = _limit(query, request.app["settings"].max_file_read_bytes)
+    result, fd = await request.app["files"].call("open_read", path=path)
+    try:
+        size = os.fstat(fd).st_size
+        if size > limit:
+            raise ProtocolError("file_too_large", f"the file has {size} bytes; the limit is {limit}")
+        response = web.StreamResponse(headers={"Content-Type": "application/octet-stream"})
+        response.content_length = size
+        await response.prepare(request)
+        remaining = size
+        while remaining > 0:
+            chunk = os.read(fd, min(_CHUNK, remaining))
+            if not chunk:  # the file shrank: the promised length cannot be met, so the connection must break
+                raise ConnectionAbortedError("file shrank while being read")
+            await response.write(chunk)
+            remaining -= len(chunk)
+        await response.write_eof()
+        return response
+    finally:
+        os.close(fd)
+
+
+async def put_file(request: web.Request) -> web.Response:
+    query = _query(request, {"path", "mode", "max_bytes"})
+    path = _path(query)
+    mode = parse_file_mode(query.get("mode"))
+    limit = _limit(query, request.app["settings"].max_file_write_bytes)
+    length = request.content_length
+    if length is None:
+        raise ProtocolError("length_required")
+    if length > limit:
+        raise ProtocolError("file_too_large", f"the body has {length} bytes; the limit is {limit}")
+    files = request.app["files"]
+    result, fd = await files.call("create_temp", path=path)
+    temp, committed = result["temp"], False
+    try:
+        written = 0
+        while True:
+            chunk = await request.content.readany()
+            if not chunk:
+                break
+            written += len(chunk)
+            if written > length:
+                raise ProtocolError("file_too_large", "the body is longer than its Content-Length")
+            view = memoryview(chunk)
+            while view:
+                view = view[os.write(fd, view):]
+        if written != length:
+            raise ProtocolError("invalid_field", "the body ended before its Content-Length")
+        os.close(fd)
+        fd = -1
+        await files.call("commit", temp=temp, path=path, mode=mode)
+        committed = True
+    finally:
+        if fd >= 0:
+            os.close(fd)
+        if not committed:
+            await files.call("abort", temp=temp)
+    return web.json_response({"path": path, "size": written})

@@ -1,0 +1,73 @@
+"""The merged stdout+stderr pipe of one command, owned and read by the supervisor.
+
+Reads are large (the pipe is enlarged to 1 MiB where allowed) and decoded incrementally as UTF-8 with
+errors="replace", so a code point split across reads is never broken. The pipe is read until EOF even after the
+exec stream has ended, so background jobs never block on a full pipe or die of SIGPIPE; text past the output limit
+is discarded.
+"""
+
+import asyncio
+import codecs
+import fcntl
+import os
+import time
+from collections.abc import Callable
+
+from flarebox_supervisor.journal import Journal
+
+_PIPE_SIZE = 1024 * 1024
+_F_SETPIPE_SZ = getattr(fcntl, "F_SETPIPE_SZ", 1031)
+
+
+def make_pipe() -> tuple[int, int]:
+    """A (read, write) pipe; the read end is non-blocking and close-on-exec, the write end goes to the child."""
+    read_fd, write_fd = os.pipe2(os.O_CLOEXEC)
+    try:
+        fcntl.fcntl(read_fd, _F_SETPIPE_SZ, _PIPE_SIZE)
+    except OSError:
+        pass  # over /proc/sys/fs/pipe-max-size for this user: keep the default size
+    os.set_blocking(read_fd, False)
+    return read_fd, write_fd
+
+
+class OutputPipe:
+    def __init__(self, fd: int, journal: Journal, on_limit: Callable[[], None]):
+        self._fd = fd
+        self._journal = journal
+        self._on_limit = on_limit
+        self._decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
+        self._buffer = bytearray(_PIPE_SIZE)
+        self._view = memoryview(self._buffer)
+        self.over_limit = False
+        self.last_read = time.monotonic()
+        self.eof = asyncio.Event()
+        self._loop = asyncio.get_running_loop()
+        self._loop.add_reader(fd, self._on_readable)
+
+    def _on_readable(self) -> None:
+        try:
+            count = os.readv(self._fd, [self._buffer])
+        except BlockingIOError:
+            return
+        except OSError:
+            count = 0
+        if count == 0:
+            self._push(self._decoder.decode(b"", final=True))
+            self.close()
+            return
+        self.last_read = time.monotonic()
+        self._push(self._decoder.decode(self._view[:count]))
+
+    def _push(self, text: str) -> None:
+        if not text:
+            return
+        accepted = self._journal.append(text)
+        if accepted < len(text) and not self.over_limit:
+            self.over_limit = True
+            self._on_limit()
+
+    def close(self) -> None:
+        if not self.eof.is_set():
+            self._loop.remove_reader(self._fd)
+            os.close(self._fd)
+            self.eof.set()

@@ -1,0 +1,50 @@
+"""Supervisor settings: the CLI's choices plus a few operator overrides from the environment.
+
+Limits default to protocol v1; an operator may only lower the file limits (FLAREBOX_MAX_FILE_*_BYTES). The heartbeat
+interval is overridable so tests can observe heartbeats without waiting 10 s.
+"""
+
+import os
+from dataclasses import dataclass
+
+from protocol import limits
+
+
+@dataclass(frozen=True)
+class Settings:
+    workdir: str = limits.DEFAULT_CWD
+    max_file_read_bytes: int = limits.MAX_FILE_READ_BYTES
+    max_file_write_bytes: int = limits.MAX_FILE_WRITE_BYTES
+    heartbeat_seconds: float = limits.HEARTBEAT_SECONDS
+    max_output_chars: int = limits.MAX_OUTPUT_CHARS
+    kill_grace_seconds: float = limits.KILL_GRACE_SECONDS
+    drain_idle_seconds: float = limits.DRAIN_IDLE_SECONDS
+    drain_max_seconds: float = limits.DRAIN_MAX_SECONDS
+    journal_max_requests: int = limits.JOURNAL_MAX_REQUESTS
+    journal_keep_seconds: float = limits.JOURNAL_KEEP_SECONDS
+
+
+def _positive(environ: dict, name: str, default: float, cap: float | None = None) -> float:
+    raw = environ.get(name)
+    if raw is None or raw == "":
+        return default
+    try:
+        value = float(raw)
+    except ValueError:
+        raise SystemExit(f"{name} must be a number, got {raw!r}") from None
+    if not value > 0:
+        raise SystemExit(f"{name} must be > 0")
+    return min(value, cap) if cap is not None else value
+
+
+def settings_from_env(workdir: str, environ: dict | None = None) -> Settings:
+    env = os.environ if environ is None else environ
+    return Settings(
+        workdir=workdir,
+        max_file_read_bytes=int(_positive(env, "FLAREBOX_MAX_FILE_READ_BYTES", limits.MAX_FILE_READ_BYTES,
+                                          limits.MAX_FILE_READ_BYTES)),
+        max_file_write_bytes=int(_positive(env, "FLAREBOX_MAX_FILE_WRITE_BYTES", limits.MAX_FILE_WRITE_BYTES,
+                                           limits.MAX_FILE_WRITE_BYTES)),
+        heartbeat_seconds=_positive(env, "FLAREBOX_HEARTBEAT_SECONDS", limits.HEARTBEAT_SECONDS,
+                                    limits.HEARTBEAT_SECONDS),
+    )
