@@ -82,3 +82,47 @@ def small_tmpfs(short_tmp):
     finally:
         with contextlib.suppress(Exception):
             subprocess.run(["umount", "-l", str(mnt)], check=False)
+
+
+def bwrap_usable() -> str | None:
+    """Why sandboxes cannot run here, or None when they can."""
+    if shutil.which("bwrap") is None:
+        return "bwrap is not installed"
+    try:
+        import flarebox_supervisor  # noqa: F401
+    except ImportError:
+        return "the supervisor package is not importable"
+    return None
+
+
+@pytest.fixture
+async def make_sandbox(short_tmp):
+    """Factory for real sandboxes under a short temp dir: make_sandbox(name, store=..., cgroups=...). Every sandbox
+    is destroyed (killed, live dir removed) at teardown, even when the test failed."""
+    from standalone.sandbox import SandboxContainer
+    from standalone.snapshots import SnapshotStore
+
+    reason = bwrap_usable()
+    if reason:
+        pytest.skip(reason)
+    made = []
+    default_store = SnapshotStore(short_tmp / "snapshots")
+
+    def make(workspace: str = "ws", *, store=None, cgroups=None, namespace: str = "ns"):
+        container = SandboxContainer(
+            namespace,
+            workspace,
+            short_tmp / "live" / namespace / workspace,
+            short_tmp / "run",
+            store or default_store,
+            cgroups=cgroups,
+        )
+        made.append(container)
+        return container
+
+    try:
+        yield make
+    finally:
+        for container in made:
+            with contextlib.suppress(Exception):
+                await container.destroy()

@@ -1,0 +1,417 @@
+"""The standalone runtime's container: a bubblewrap sandbox running the real supervisor on a unix socket.
+
+One `SandboxContainer` per workspace implements the `Container` port. Its files live on the host in `root_dir`:
+`workspace/` (→ /workspace), `home/` (→ /home/sandbox) and `tmp/` (→ /tmp); they outlive a crashed sandbox
+(`has_disk()`), and snapshots archive exactly that directory.
+
+Isolation: read-only /usr, /etc (with a generated passwd/group naming user `sandbox`), /bin, /lib*, /sbin and the
+Python that runs the supervisor; its own PID, IPC, UTS (hostname = workspace) and cgroup namespaces; no network
+namespace unless internet is off; a clean environment (nothing of the server's, so never SANDBOX_API_TOKEN); no
+capabilities and no nested user namespaces. It never runs as host root: a root server starts bwrap as an
+unprivileged host uid/gid (default 64000:64000, owner of the live dirs), mapped to the sandbox uid inside
+(default 1000); an unprivileged server runs it as itself. See sandbox_launch.py for how a root server gets bind
+sources below private directories to that uid.
+"""
+
+import asyncio
+import contextlib
+import hashlib
+import json
+import logging
+import os
+import shutil
+import signal
+import subprocess
+import sys
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+from durable.ports import ContainerGone, SnapshotInfo, StartSpec
+from protocol.errors import ProtocolError
+from standalone.cgroups import Cgroups, SandboxGroup, limits_for
+from standalone.snapshots import SnapshotStore
+
+log = logging.getLogger("flarebox.sandbox")
+
+SANDBOX_USER = "sandbox"
+SANDBOX_HOME = "/home/sandbox"
+SOCKET_DIR_INSIDE = "/run/flarebox"
+SOCKET_NAME = "sv.sock"
+MAX_SOCKET_PATH = 100  # sun_path is 108 bytes; keep a margin
+STAGE_DIR = "/tmp"  # noqa: S108 - covered by a private tmpfs in the launcher's own mount namespace, never written
+STARTUP_TIMEOUT = 30.0
+STOP_GRACE = 2.0
+PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
+LIVE_SUBDIRS = {"workspace": 0o755, "home": 0o755, "tmp": 0o1777}
+_LAUNCHER = Path(__file__).with_name("sandbox_launch.py")
+_SYSTEM_DIRS = ("/usr", "/etc", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32")
+
+
+@dataclass(frozen=True)
+class SandboxIds:
+    """Who the sandbox is: `uid`/`gid` inside (user `sandbox`), `host_uid`/`host_gid` on the host when the server
+    is root (an unprivileged server always uses its own ids)."""
+
+    uid: int = 1000
+    gid: int = 1000
+    host_uid: int = 64000
+    host_gid: int = 64000
+
+
+def _python_sources() -> list[str]:
+    """Host directories the sandbox needs to run `python -m flarebox_supervisor`: the interpreter's install, the
+    venv, and the `protocol` and `flarebox_supervisor` packages (an editable install points outside the venv)."""
+    import flarebox_supervisor
+    import protocol
+
+    wanted = [sys.base_prefix, sys.prefix]
+    wanted += [str(Path(m.__file__).resolve().parent) for m in (protocol, flarebox_supervisor)]
+    found: list[str] = []
+    for path in wanted:
+        real = os.path.realpath(path)
+        if real in found or any(real.startswith(p.rstrip("/") + "/") for p in found):
+            continue
+        if any(real == d or real.startswith(d + "/") for d in ("/usr", "/bin", "/lib", "/lib64", "/sbin")):
+            continue  # already bound read-only as a system directory
+        found.append(real)
+    return found
+
+
+def _passwd(ids: SandboxIds) -> tuple[bytes, bytes]:
+    passwd = (
+        "root:x:0:0:root:/root:/usr/sbin/nologin\n"
+        f"{SANDBOX_USER}:x:{ids.uid}:{ids.gid}:Flarebox sandbox:{SANDBOX_HOME}:/bin/bash\n"
+        "nobody:x:65534:65534:nobody:/nonexistent:/usr/sbin/nologin\n"
+    )
+    group = f"root:x:0:\n{SANDBOX_USER}:x:{ids.gid}:\nnogroup:x:65534:\n"
+    return passwd.encode(), group.encode()
+
+
+def _data_fd(data: bytes) -> int:
+    """A pipe read end holding `data` (for bwrap --ro-bind-data); the write end is closed."""
+    read_end, write_end = os.pipe()
+    try:
+        os.write(write_end, data)  # small (< pipe buffer): never blocks
+    finally:
+        os.close(write_end)
+    return read_end
+
+
+class SandboxContainer:
+    def __init__(
+        self,
+        namespace: str,
+        workspace: str,
+        root_dir: str | os.PathLike,
+        runtime_dir: str | os.PathLike,
+        store: SnapshotStore,
+        *,
+        ids: SandboxIds = SandboxIds(),
+        cgroups: Cgroups | None = None,
+        startup_timeout: float = STARTUP_TIMEOUT,
+    ):
+        self.namespace = namespace
+        self.workspace = workspace
+        self.root_dir = Path(root_dir)
+        self.store = store
+        self.ids = ids
+        self.cgroups = cgroups
+        self.startup_timeout = startup_timeout
+        self._as_root = os.geteuid() == 0
+        key = hashlib.sha256(f"{namespace}/{workspace}\0{self.root_dir.resolve()}".encode()).hexdigest()[:12]
+        self.name = f"fbx-{key}"
+        self.socket_dir = Path(runtime_dir) / key
+        self.socket_path = self.socket_dir / SOCKET_NAME
+        if len(os.fsencode(self.socket_path)) >= MAX_SOCKET_PATH:
+            raise ValueError(f"runtime dir too long for a unix socket path: {self.socket_path}")
+        self.log_path = Path(runtime_dir) / f"{key}.log"
+        self._proc: subprocess.Popen | None = None
+        self._group: SandboxGroup | None = None
+        self._client: httpx.AsyncClient | None = None
+        self._lock = asyncio.Lock()
+        self._clean_restore_leftovers()
+
+    # ---- state --------------------------------------------------------------------------------------------
+    def running(self) -> bool:
+        return self._proc is not None and self._proc.poll() is None
+
+    def has_disk(self) -> bool:
+        return self.root_dir.is_dir() and not self.running()
+
+    @property
+    def pid(self) -> int | None:
+        """The bwrap process on the host (for tests and diagnostics)."""
+        return self._proc.pid if self._proc is not None else None
+
+    @property
+    def cgroup(self) -> SandboxGroup | None:
+        return self._group
+
+    @property
+    def host_ids(self) -> tuple[int, int]:
+        return (self.ids.host_uid, self.ids.host_gid) if self._as_root else (os.getuid(), os.getgid())
+
+    # ---- lifecycle ----------------------------------------------------------------------------------------
+    async def start(self, spec: StartSpec) -> None:
+        async with self._lock:
+            if self.running():
+                return
+            await self._reap()
+            if spec.snapshot_id:
+                await asyncio.to_thread(
+                    self.store.restore, self.namespace, self.workspace, spec.snapshot_id, self.root_dir
+                )
+            self._prepare_live_dirs()
+            try:
+                self._spawn(spec)
+                await self._wait_ready()
+            except BaseException:
+                await self._kill()
+                raise
+
+    def _prepare_live_dirs(self) -> None:
+        self.root_dir.mkdir(parents=True, exist_ok=True, mode=0o755)
+        uid, gid = self.host_ids
+        for sub, mode in LIVE_SUBDIRS.items():
+            path = self.root_dir / sub
+            if not path.is_dir() or path.is_symlink():
+                if path.is_symlink() or path.exists():
+                    path.unlink()
+                path.mkdir(mode=mode)
+                os.chmod(path, mode)
+            if self._as_root:
+                os.lchown(path, uid, gid)
+        self.socket_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
+        if self._as_root:
+            os.chown(self.socket_dir, uid, gid)
+        self.socket_path.unlink(missing_ok=True)
+
+    def _spawn(self, spec: StartSpec) -> None:
+        sources: list[str] = []  # host directories to stage for an unprivileged bwrap (root server only)
+
+        def source(path: str | Path) -> str:
+            if not self._as_root:
+                return str(path)
+            sources.append(str(path))
+            return f"{STAGE_DIR}/{len(sources) - 1}"
+
+        passwd, group = _passwd(self.ids)
+        passwd_fd, group_fd = _data_fd(passwd), _data_fd(group)
+        try:
+            argv = [shutil.which("bwrap") or "/usr/bin/bwrap"]
+            argv += ["--unshare-user", "--uid", str(self.ids.uid), "--gid", str(self.ids.gid), "--disable-userns"]
+            argv += ["--unshare-pid", "--unshare-ipc", "--unshare-uts", "--unshare-cgroup-try"]
+            if not spec.enable_internet:
+                argv += ["--unshare-net"]
+            argv += ["--hostname", self.workspace[:63], "--die-with-parent", "--new-session"]
+            for path in _SYSTEM_DIRS:
+                if os.path.islink(path):
+                    argv += ["--symlink", os.readlink(path), path]  # merged /usr: /bin -> usr/bin
+                elif os.path.isdir(path):
+                    argv += ["--ro-bind", path, path]
+            argv += ["--ro-bind-data", str(passwd_fd), "/etc/passwd", "--ro-bind-data", str(group_fd), "/etc/group"]
+            for path in _python_sources():
+                argv += ["--ro-bind", source(path), path]
+            argv += ["--proc", "/proc", "--dev", "/dev"]
+            argv += ["--bind", source(self.root_dir / "workspace"), "/workspace"]
+            argv += ["--bind", source(self.root_dir / "home"), SANDBOX_HOME]
+            argv += ["--bind", source(self.root_dir / "tmp"), "/tmp"]  # noqa: S108 - the sandbox's own /tmp
+            argv += ["--dir", "/var", "--symlink", "../tmp", "/var/tmp"]  # noqa: S108 - points at the sandbox /tmp
+            argv += ["--bind", source(self.socket_dir), SOCKET_DIR_INSIDE]
+            argv += ["--remount-ro", "/"]  # the root tmpfs bwrap builds would otherwise belong to the sandbox user
+            argv += ["--chdir", "/workspace", "--clearenv"]
+            env = {"PATH": PATH, "HOME": SANDBOX_HOME, "LANG": "C.UTF-8", "USER": SANDBOX_USER}
+            env.update({k: v for k, v in (spec.env or {}).items() if k != "SANDBOX_API_TOKEN"})
+            for key, value in env.items():
+                argv += ["--setenv", key, value]
+            argv += ["--", sys.executable, "-I", "-B", "-m", "flarebox_supervisor"]
+            argv += ["--unix", f"{SOCKET_DIR_INSIDE}/{SOCKET_NAME}", "--workdir", "/workspace"]
+
+            if self.cgroups is not None:
+                self._group = self.cgroups.create(self.name, limits_for(spec.instance))
+            launch = {
+                "cgroup_procs": self._group.procs_files if self._group else [],
+                "stage": STAGE_DIR if self._as_root else None,
+                "sources": sources,
+                "uid": self.ids.host_uid if self._as_root else None,
+                "gid": self.ids.host_gid if self._as_root else None,
+                "argv": argv,
+                "env": {"PATH": PATH},  # bwrap's own environment; the sandbox's is set by --clearenv/--setenv
+            }
+            with open(self.log_path, "ab") as log_file:
+                # spawned from the event loop's thread: --die-with-parent watches the thread that forked bwrap
+                self._proc = subprocess.Popen(
+                    [sys.executable, "-I", str(_LAUNCHER), json.dumps(launch)],
+                    stdin=subprocess.DEVNULL,
+                    stdout=log_file,
+                    stderr=subprocess.STDOUT,
+                    env={"PATH": PATH},
+                    pass_fds=(passwd_fd, group_fd),
+                    start_new_session=True,
+                )
+        finally:
+            os.close(passwd_fd)
+            os.close(group_fd)
+        self._client = httpx.AsyncClient(
+            transport=httpx.AsyncHTTPTransport(uds=str(self.socket_path)),
+            base_url="http://sandbox",
+            timeout=httpx.Timeout(None, connect=10.0),
+        )
+
+    async def _wait_ready(self) -> None:
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + self.startup_timeout
+        delay = 0.01
+        while True:
+            if not self.running():
+                raise ProtocolError("container_unavailable", f"the sandbox exited during startup: {self._log_tail()}")
+            if self.socket_path.exists():
+                try:
+                    response = await self._client.get("/health", timeout=5.0)
+                    if response.status_code == 200:
+                        return
+                except httpx.TransportError:
+                    pass
+            if loop.time() > deadline:
+                raise ProtocolError(
+                    "startup_timeout", f"the sandbox did not answer /health in {self.startup_timeout:g} s"
+                )
+            await asyncio.sleep(delay)
+            delay = min(delay * 2, 0.1)
+
+    def _log_tail(self, limit: int = 600) -> str:
+        try:
+            with open(self.log_path, "rb") as f:
+                f.seek(max(0, f.seek(0, os.SEEK_END) - limit))
+                return f.read().decode("utf-8", "replace").strip() or "(no output)"
+        except OSError:
+            return "(no log)"
+
+    async def stop(self) -> None:
+        """Stop the sandbox and keep its files (server shutdown; the next start reports `restarted`)."""
+        async with self._lock:
+            await self._kill()
+
+    async def destroy(self) -> None:
+        async with self._lock:
+            await self._kill()
+            await asyncio.to_thread(shutil.rmtree, self.root_dir, True)
+
+    async def _kill(self) -> None:
+        proc = self._proc
+        if proc is not None and proc.poll() is None:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(proc.pid, signal.SIGTERM)  # bwrap dies; --die-with-parent takes the whole PID namespace
+            if not await self._wait_exit(proc, STOP_GRACE):
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(proc.pid, signal.SIGKILL)
+                await self._wait_exit(proc, 10.0)
+        await self._reap()
+
+    async def _reap(self) -> None:
+        """Release what a dead sandbox leaves: its HTTP client, its cgroup, its socket."""
+        if self._proc is not None and self._proc.poll() is None:
+            return
+        self._proc = None
+        if self._client is not None:
+            client, self._client = self._client, None
+            await client.aclose()
+        if self._group is not None and self.cgroups is not None:
+            group, self._group = self._group, None
+            try:
+                await asyncio.to_thread(self.cgroups.remove, group)
+            except OSError:
+                log.warning("could not remove cgroup %s", group.dirs)
+        self.socket_path.unlink(missing_ok=True)
+
+    @staticmethod
+    async def _wait_exit(proc: subprocess.Popen, timeout: float) -> bool:
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout
+        while proc.poll() is None:
+            if loop.time() > deadline:
+                return False
+            await asyncio.sleep(0.02)
+        return True
+
+    def _clean_restore_leftovers(self) -> None:
+        """A restore interrupted by a crash leaves `.tmp-restore-<name>-*` next to the live dir."""
+        parent = self.root_dir.parent
+        if parent.is_dir():
+            for entry in parent.glob(f".tmp-*-{self.root_dir.name}-*"):
+                shutil.rmtree(entry, ignore_errors=True)
+
+    # ---- requests -----------------------------------------------------------------------------------------
+    async def fetch(
+        self,
+        method: str,
+        path: str,
+        *,
+        body: Any = None,
+        headers: dict[str, str] | None = None,
+        timeout: float | None = None,
+    ) -> "SandboxResponse":
+        client = self._client
+        if client is None or not self.running():
+            raise ContainerGone("the sandbox is not running")
+        request = client.build_request(
+            method,
+            path,
+            content=body,
+            headers=headers,
+            timeout=httpx.Timeout(timeout, connect=10.0) if timeout is not None else httpx.Timeout(None, connect=10.0),
+        )
+        try:
+            response = await client.send(request, stream=True)
+        except httpx.HTTPError as exc:
+            raise ContainerGone(f"the sandbox cannot be reached: {exc.__class__.__name__}") from None
+        return SandboxResponse(response)
+
+    # ---- snapshots ----------------------------------------------------------------------------------------
+    async def snapshot(self) -> SnapshotInfo:
+        if not self.root_dir.is_dir():
+            raise ProtocolError("snapshot_failed", "the workspace has no files to snapshot")
+        if self.running():
+            try:
+                response = await self.fetch("POST", "/sync", timeout=60)
+                await response.read()
+            except ContainerGone:
+                pass  # the files are on the host either way; the page cache holds what sync would flush
+        return await asyncio.to_thread(self.store.create, self.namespace, self.workspace, self.root_dir)
+
+    async def delete_snapshot(self, snapshot_id: str) -> None:
+        await asyncio.to_thread(self.store.delete, self.namespace, self.workspace, snapshot_id)
+
+
+class SandboxResponse:
+    """The supervisor's answer; `body` streams it and raises ContainerGone if the sandbox dies mid-body."""
+
+    def __init__(self, response: httpx.Response):
+        self._response = response
+        self.status = response.status_code
+        self.headers = {k.lower(): v for k, v in response.headers.items()}
+        self.body = self._iterate()
+
+    async def _iterate(self) -> AsyncIterator[bytes]:
+        try:
+            async for chunk in self._response.aiter_raw():
+                if chunk:
+                    yield chunk
+        except httpx.HTTPError as exc:
+            raise ContainerGone(f"the sandbox stopped while answering: {exc.__class__.__name__}") from None
+        finally:
+            await self._response.aclose()
+
+    async def read(self) -> bytes:
+        return b"".join([chunk async for chunk in self.body])
+
+    async def json(self) -> Any:
+        return json.loads(await self.read())
+
+    async def aclose(self) -> None:
+        await self.body.aclose()
+        await self._response.aclose()

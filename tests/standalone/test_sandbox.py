@@ -1,0 +1,293 @@
+"""The bubblewrap sandbox driver, for real: bwrap, the real supervisor on a unix socket, real tar/zstd snapshots,
+real cgroups. Each test starts its own sandbox; the `make_sandbox` fixture destroys them all in finally."""
+
+import asyncio
+import json
+import os
+import secrets
+import signal
+import socket
+
+import pytest
+import sandbox_fixtures as fx
+from sandbox_fixtures import tree_digest
+
+from durable.ports import ContainerGone, StartSpec
+from protocol.errors import ProtocolError
+from standalone.cgroups import Cgroups, limits_report
+from standalone.snapshots import SnapshotStore
+
+short_tmp, small_tmpfs, make_sandbox = fx.short_tmp, fx.small_tmpfs, fx.make_sandbox
+pytestmark = pytest.mark.timeout(90)
+
+
+def spec(*, internet: bool = False, instance: str = "lite", snapshot_id: str | None = None, env=None) -> StartSpec:
+    return StartSpec(
+        image="hermes", instance=instance, env=env or {}, enable_internet=internet, snapshot_id=snapshot_id
+    )
+
+
+async def run(container, command: str, timeout: float = 30) -> tuple[int | None, str, dict]:
+    """Run a command through the supervisor; (exit code, merged output, terminal event)."""
+    body = json.dumps({"request_id": secrets.token_hex(16), "command": command, "timeout": timeout}).encode()
+    response = await container.fetch("POST", "/exec", body=body, headers={"content-type": "application/json"})
+    raw = await response.read()
+    assert response.status == 200, raw
+    events = [json.loads(line) for line in raw.splitlines() if line.strip()]
+    output = "".join(e["data"] for e in events if e["type"] == "output")
+    terminal = events[-1]
+    return terminal.get("exit_code"), output, terminal
+
+
+async def test_sandbox_runs_the_supervisor_as_user_sandbox(make_sandbox):
+    sandbox = make_sandbox("hostname-check")
+    await sandbox.start(spec())
+    response = await sandbox.fetch("GET", "/health")
+    health = await response.json()
+    assert response.status == 200 and health["ok"] is True and health["user"] == "sandbox"
+    code, out, _ = await run(sandbox, 'whoami; id -u; echo "$HOME"; hostname; pwd')
+    assert code == 0
+    assert out.split() == ["sandbox", "1000", "/home/sandbox", "hostname-check", "/workspace"]
+
+
+async def test_host_files_outside_the_binds_are_invisible(make_sandbox, short_tmp):
+    secret = short_tmp / "host-secret.txt"
+    secret.write_text("host only\n")
+    secret.chmod(0o644)  # readable by anyone on the host: only the mount namespace hides it
+    sandbox = make_sandbox()
+    await sandbox.start(spec())
+    code, out, _ = await run(sandbox, f"cat {secret}; ls {short_tmp}; ls /root; cat {sandbox.log_path}")
+    assert code != 0
+    assert "host only" not in out
+    assert out.count("No such file or directory") == 3  # the secret, the host temp dir, the sandbox log
+
+
+async def test_system_dirs_are_read_only_and_live_dirs_writable(make_sandbox):
+    sandbox = make_sandbox()
+    await sandbox.start(spec())
+    code, out, _ = await run(
+        sandbox, "touch /usr/x || echo usr-ro; touch /etc/x || echo etc-ro; touch /x || echo root-ro"
+    )
+    assert out.count("Read-only file system") >= 2 and "usr-ro" in out and "etc-ro" in out and "root-ro" in out
+    code, out, _ = await run(
+        sandbox, "echo w > /workspace/w && echo h > ~/h && echo t > /tmp/t && cat /workspace/w ~/h /tmp/t"
+    )
+    assert code == 0 and out.split() == ["w", "h", "t"]
+    assert (sandbox.root_dir / "workspace" / "w").read_text() == "w\n"
+    assert (sandbox.root_dir / "home" / "h").read_text() == "h\n"
+    assert (sandbox.root_dir / "tmp" / "t").read_text() == "t\n"
+
+
+async def test_sandbox_is_not_host_root(make_sandbox):
+    sandbox = make_sandbox()
+    await sandbox.start(spec())
+    code, out, _ = await run(sandbox, "touch /workspace/mine; cat /proc/self/uid_map; grep CapEff /proc/self/status")
+    assert code == 0
+    created = (sandbox.root_dir / "workspace" / "mine").stat()
+    assert created.st_uid != 0 and created.st_gid != 0
+    assert (created.st_uid, created.st_gid) == sandbox.host_ids
+    assert "4294967295" not in out  # not the host's identity map
+    assert "CapEff:\t0000000000000000" in out
+
+
+async def test_own_pid_namespace(make_sandbox):
+    sandbox = make_sandbox()
+    await sandbox.start(spec())
+    script = "for p in /proc/[0-9]*; do echo ${p#/proc/} $(tr '\\0' ' ' < $p/cmdline); done"
+    code, out, _ = await run(sandbox, script)
+    assert code == 0
+    procs = {int(line.split()[0]): line for line in out.splitlines() if line.strip()}
+    assert len(procs) < 20  # the host has many more
+    assert os.getpid() not in procs or "pytest" not in procs[os.getpid()]
+    assert not any("pytest" in line for line in procs.values())
+    supervisor = [pid for pid, line in procs.items() if "flarebox_supervisor" in line and "bwrap" not in line]
+    assert supervisor and min(supervisor) <= 3
+
+
+async def test_no_network_without_internet_and_network_with_it(make_sandbox):
+    with socket.socket() as listener:
+        listener.bind(("127.0.0.1", 0))
+        listener.listen(8)
+        port = listener.getsockname()[1]
+        probe = f"(echo hi > /dev/tcp/127.0.0.1/{port}) 2>/dev/null && echo connected || echo refused"
+
+        offline = make_sandbox("offline")
+        await offline.start(spec(internet=False))
+        _, out, _ = await run(offline, probe)
+        assert out.strip() == "refused"
+
+        online = make_sandbox("online")
+        await online.start(spec(internet=True))
+        _, out, _ = await run(online, probe)
+        assert out.strip() == "connected"  # the same probe works when the network is shared
+
+
+async def test_server_environment_never_reaches_the_sandbox(make_sandbox, monkeypatch):
+    token = "tok-" + secrets.token_hex(20)
+    monkeypatch.setenv("SANDBOX_API_TOKEN", token)
+    monkeypatch.setenv("FLAREBOX_TEST_MARKER", "server-only")
+    sandbox = make_sandbox()
+    await sandbox.start(spec(env={"SANDBOX_API_TOKEN": token, "GREETING": "hello"}))
+    code, out, _ = await run(sandbox, "cat /proc/[0-9]*/environ | tr '\\0' '\\n'; env")
+    assert code == 0
+    assert token not in out
+    assert "SANDBOX_API_TOKEN" not in out
+    assert "server-only" not in out
+    assert "GREETING=hello" in out  # the spec's env reaches the supervisor
+
+
+async def test_start_stop_destroy_and_has_disk(make_sandbox, short_tmp):
+    sandbox = make_sandbox()
+    assert not sandbox.running() and not sandbox.has_disk()
+    await sandbox.start(spec())
+    assert sandbox.running() and not sandbox.has_disk()
+    await run(sandbox, "echo kept > /workspace/kept.txt")
+
+    await sandbox.stop()
+    assert not sandbox.running() and sandbox.has_disk()
+    with pytest.raises(ContainerGone):
+        await sandbox.fetch("GET", "/health")
+
+    await sandbox.start(spec())  # no snapshot: the files on disk come back
+    code, out, _ = await run(sandbox, "cat /workspace/kept.txt")
+    assert (code, out) == (0, "kept\n")
+    info = await sandbox.snapshot()
+
+    await sandbox.destroy()
+    assert not sandbox.running() and not sandbox.has_disk()
+    assert not sandbox.root_dir.exists()
+    assert [s.id for s in sandbox.store.list("ns", "ws")] == [info.id]  # snapshots survive destroy
+
+
+async def test_killed_sandbox_ends_in_flight_stream_with_container_gone(make_sandbox):
+    manager, _ = Cgroups.detect()
+    sandbox = make_sandbox(cgroups=manager)
+    await sandbox.start(spec())
+    body = json.dumps({"request_id": secrets.token_hex(16), "command": "echo started; sleep 60", "timeout": 120})
+    response = await sandbox.fetch("POST", "/exec", body=body.encode(), headers={"content-type": "application/json"})
+    assert response.status == 200
+    first = await anext(response.body)
+    assert b"started" in first
+
+    os.kill(sandbox.pid, signal.SIGKILL)
+
+    async def drain():
+        async for _ in response.body:
+            pass
+
+    with pytest.raises(ContainerGone):
+        await asyncio.wait_for(drain(), 5)
+    assert not sandbox.running()
+    assert sandbox.has_disk()
+    with pytest.raises(ContainerGone):
+        await sandbox.fetch("GET", "/health")
+    if manager is not None:  # nothing of the sandbox outlives its bwrap (die-with-parent, PID namespace teardown)
+        for _ in range(100):
+            if not sandbox.cgroup.pids():
+                break
+            await asyncio.sleep(0.05)
+        assert sandbox.cgroup.pids() == set()
+
+
+async def test_snapshot_restore_round_trip_through_the_sandbox(make_sandbox):
+    sandbox = make_sandbox()
+    await sandbox.start(spec())
+    script = r"""
+set -e
+cd /workspace
+mkdir -p src empty/deeper
+printf 'print(1)\n' > src/app.py
+head -c 200000 /dev/urandom > blob.bin
+printf '#!/bin/sh\necho hi\n' > run.sh && chmod 750 run.sh
+chmod 600 src/app.py
+ln -s src/app.py link.py
+ln -s /nowhere dangling
+printf 'ünïcödé ✓\n' > '名前 🚀.txt'
+echo home > ~/.profile_extra
+"""
+    code, out, _ = await run(sandbox, script)
+    assert code == 0, out
+    before = tree_digest(sandbox.root_dir)
+    info = await sandbox.snapshot()
+    assert sandbox.running()  # snapshots keep the sandbox running
+    assert info.size > 0
+
+    await sandbox.destroy()
+    assert not sandbox.root_dir.exists()
+    await sandbox.start(spec(snapshot_id=info.id))
+    assert tree_digest(sandbox.root_dir) == before
+    code, out, _ = await run(sandbox, "cat '/workspace/名前 🚀.txt' /workspace/link.py && /workspace/run.sh")
+    assert (code, out) == (0, "ünïcödé ✓\nprint(1)\nhi\n")
+
+
+async def test_damaged_snapshot_is_refused_and_live_files_untouched(make_sandbox):
+    sandbox = make_sandbox()
+    await sandbox.start(spec())
+    await run(sandbox, "echo v1 > /workspace/file.txt; head -c 100000 /dev/urandom > /workspace/noise")
+    info = await sandbox.snapshot()
+    await run(sandbox, "echo v2-unsaved > /workspace/file.txt")
+    await sandbox.stop()
+    before = tree_digest(sandbox.root_dir)
+
+    archive = sandbox.store.root / "ns" / "ws" / f"{info.id}.tar.zst"
+    data = bytearray(archive.read_bytes())
+    data[len(data) // 3] ^= 0xFF
+    archive.write_bytes(bytes(data))
+
+    with pytest.raises(ProtocolError) as err:
+        await sandbox.start(spec(snapshot_id=info.id))
+    assert err.value.code == "snapshot_damaged"
+    assert info.id in err.value.message
+    assert not sandbox.running()
+    assert sandbox.has_disk()
+    assert tree_digest(sandbox.root_dir) == before
+    assert (sandbox.root_dir / "workspace" / "file.txt").read_text() == "v2-unsaved\n"
+
+
+async def test_snapshot_to_a_full_disk_fails_and_the_sandbox_keeps_running(make_sandbox, small_tmpfs):
+    store = SnapshotStore(small_tmpfs)
+    sandbox = make_sandbox(store=store)
+    await sandbox.start(spec())
+    code, _, _ = await run(sandbox, "head -c 8388608 /dev/urandom > /workspace/big.bin")
+    assert code == 0
+
+    with pytest.raises(ProtocolError) as err:
+        await sandbox.snapshot()
+    assert err.value.code == "snapshot_failed"
+    assert store.list("ns", "ws") == []
+    assert [p.name for p in (small_tmpfs / "ns" / "ws").iterdir()] == []
+    assert sandbox.running()
+    code, out, _ = await run(sandbox, "ls -l /workspace/big.bin | wc -l")
+    assert (code, out) == (0, "1\n")
+
+
+def test_limits_report_says_whether_limits_are_enforced():
+    report = limits_report()
+    manager, _ = Cgroups.detect()
+    if manager is None:
+        assert report.startswith("not enforced: ")
+    else:
+        assert report.startswith("memory, pids and CPU share") and f"cgroup v{manager.version}" in report
+
+
+async def test_cgroup_limits_are_applied_and_removed(make_sandbox):
+    manager, report = Cgroups.detect()
+    if manager is None:
+        pytest.skip(report)
+    sandbox = make_sandbox(cgroups=manager)
+    await sandbox.start(spec(instance="lite"))
+    group = sandbox.cgroup
+    assert group is not None
+    memory = group.read("memory.max") if manager.version == 2 else group.read("memory.limit_in_bytes")
+    assert int(memory) == 256 * 1024 * 1024
+    assert group.read("pids.max") == "128"
+    members = group.pids()
+    assert sandbox.pid in members and len(members) >= 3  # bwrap, its init, the supervisor
+
+    # the memory limit is enforced: a 400 MiB allocation in a lite sandbox is killed, the supervisor survives
+    code, _, terminal = await run(sandbox, "python3 -c \"x = b'x' * (400 * 1024 * 1024); print(len(x))\"")
+    assert code != 0 and terminal.get("reason") in ("signal", "exited")
+    assert sandbox.running()
+
+    await sandbox.destroy()
+    assert not any(d.exists() for d in group.dirs)
