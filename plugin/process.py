@@ -1,0 +1,238 @@
+"""The process handle Hermes waits on: one remote command, streamed into a real pipe by a reader thread.
+
+Hermes' drain thread select()s on `stdout.fileno()`, and stops ~300 ms after poll() turns non-None; so the reader
+writes all output into the pipe first, closes the write end, and only then publishes the return code.
+There is deliberately NO `pid` attribute: Hermes' backstop would kill a HOST process with that number.
+"""
+
+from __future__ import annotations
+
+import contextvars
+import logging
+import os
+import select
+import shlex
+import threading
+import time
+import uuid
+from collections.abc import Callable
+
+from .client import ApiError, FlareboxError, TransportError
+
+logger = logging.getLogger(__name__)
+
+CANCELLED_EXIT_CODE = 130
+# Infrastructure failures that say nothing about the command: execute() raises EnvironmentConnectionError.
+INFRA_ERROR_CODES = frozenset(
+    {
+        "workspace_lost",
+        "snapshot_damaged",
+        "startup_timeout",
+        "container_unavailable",
+        "container_exited",
+        "exec_failed",
+        "internal_error",
+        "invalid_cwd",
+        "workspace_not_found",
+        "not_configured",
+        "unauthorized",
+    }
+)
+REATTACH_ATTEMPTS = 4  # consecutive failures without progress before the outcome is declared unknown
+BUSY_RETRY_SECONDS = 60  # workspace_busy: the workspace is saving or stopping; it answers again soon
+KILLED_WRITE_GRACE = 5.0  # after kill(), stop feeding a pipe nobody reads any more
+
+
+class RemoteProcess:
+    """A ProcessHandle for one command in a Flarebox workspace.
+
+    `run_fn(request, offset)` yields events: offset None → start the command, an int → reattach from there.
+    `request_fields` (timeout, login, cwd, env) go into the exec request as they are.
+    `cancel_fn(request_id)` cancels remotely. `stage_fn(data) -> path` uploads oversized stdin and returns the path.
+    `on_started(event)` sees the `started` event (container continuing / fresh / restored / restarted).
+    """
+
+    def __init__(
+        self,
+        *,
+        command: str,
+        request_fields: dict,
+        run_fn: Callable,
+        cancel_fn: Callable[[str], None],
+        stage_fn: Callable[[bytes], str] | None = None,
+        stdin: str | None = None,
+        on_started: Callable[[dict], None] | None = None,
+        inline_stdin_limit: int = 512 * 1024,
+    ):
+        self.request_id = uuid.uuid4().hex
+        self.error: str | None = None  # set when the outcome is unknown or the infrastructure failed
+        self.error_code: str | None = None
+        self._command = command
+        self._request_fields = request_fields
+        self._run_fn = run_fn
+        self._cancel_fn = cancel_fn
+        self._stage_fn = stage_fn
+        self._stdin = stdin
+        self._on_started = on_started
+        self._inline_stdin_limit = inline_stdin_limit
+        self._returncode: int | None = None
+        self._done = threading.Event()
+        self._kill_lock = threading.Lock()
+        self._killed_at: float | None = None
+        read_fd, self._write_fd = os.pipe()
+        os.set_blocking(self._write_fd, False)
+        self._stdout = os.fdopen(read_fd, "rb", buffering=0)
+        # Keep Hermes' context (secret scope, session id) in the reader thread.
+        ctx = contextvars.copy_context()
+        threading.Thread(target=ctx.run, args=(self._reader,), name="flarebox-exec", daemon=True).start()
+
+    # --- ProcessHandle -------------------------------------------------------------------------------------
+
+    @property
+    def stdout(self):
+        return self._stdout
+
+    @property
+    def returncode(self) -> int | None:
+        return self._returncode if self._done.is_set() else None
+
+    def poll(self) -> int | None:
+        return self.returncode
+
+    def wait(self, timeout: float | None = None) -> int | None:
+        self._done.wait(timeout)
+        return self.returncode
+
+    def kill(self) -> None:
+        """Cancel remotely, once, without blocking the caller (Hermes calls this on interrupt and timeout)."""
+        with self._kill_lock:
+            if self._killed_at is not None or self._done.is_set():
+                return
+            self._killed_at = time.monotonic()
+        threading.Thread(target=self._cancel_quietly, name="flarebox-cancel", daemon=True).start()
+
+    def _cancel_quietly(self) -> None:
+        try:
+            self._cancel_fn(self.request_id)
+        except Exception as exc:  # the stream's own end tells the outcome; a failed cancel is only logged
+            logger.info("cancel of a Flarebox command failed: %s", type(exc).__name__)
+
+    # --- reader thread ----------------------------------------------------------------------------------
+
+    def _reader(self) -> None:
+        code: int | None = None
+        try:
+            code = self._run()
+        except Exception as exc:  # never let the thread die silently: record, and end the handle
+            self._fail("internal", f"the Flarebox client failed: {type(exc).__name__}")
+            logger.debug("flarebox reader failed", exc_info=True)
+        finally:
+            try:
+                os.close(self._write_fd)
+            except OSError:
+                pass
+            self._returncode = code if code is not None else 1
+            self._done.set()
+
+    def _fail(self, code: str, message: str) -> None:
+        if self.error is None:
+            self.error_code, self.error = code, message
+
+    def _build_request(self) -> dict:
+        command, stdin = self._command, self._stdin
+        if stdin:
+            data = stdin.encode("utf-8", "surrogateescape")
+            # Text that is not valid UTF-8 (surrogateescape'd bytes from Hermes' file tools) cannot travel in a
+            # JSON string, and large stdin does not fit the 1 MiB body: both go through PUT /files, and the
+            # shell reads them back by redirection.
+            if len(data) > self._inline_stdin_limit or not _is_strict_utf8(stdin):
+                path = self._stage_fn(data)
+                quoted = shlex.quote(path)
+                command = f"exec 0< {quoted} || exit $?\nrm -f -- {quoted}\n{command}"
+                stdin = None
+        return {**self._request_fields, "request_id": self.request_id, "command": command, "stdin": stdin or None}
+
+    def _run(self) -> int | None:
+        offset: int | None = None  # None until the command is known to exist on the server
+        failures = 0
+        busy_deadline = time.monotonic() + BUSY_RETRY_SECONDS
+        request = None
+        while True:
+            try:
+                if request is None:
+                    request = self._build_request()
+                events = self._run_fn(request, offset)
+                for event in events:
+                    kind = event["type"]
+                    if offset is None and kind in ("started", "output", "exit", "error"):
+                        offset = 0
+                    if kind == "started" and self._on_started is not None:
+                        self._on_started(event)
+                    elif kind == "output":
+                        self._write(event["data"].encode("utf-8", "surrogateescape"))
+                        offset = event["offset"] + len(event["data"])
+                        failures = 0
+                    elif kind == "exit":
+                        return event["exit_code"]
+                    elif kind == "error":
+                        return self._on_error_event(event)
+                return None  # not reached: the client raises if a stream ends without its terminal event
+            except ApiError as exc:
+                if offset is None and exc.code == "workspace_busy" and time.monotonic() < busy_deadline:
+                    # Rejected before anything ran: safe to send again under a fresh id.
+                    self.request_id = uuid.uuid4().hex
+                    request = None
+                    time.sleep(0.5)
+                    continue
+                if exc.code == "command_cancelled":
+                    return CANCELLED_EXIT_CODE
+                self._fail(exc.code, f"the Flarebox server refused the command: {exc.code}: {exc.message}")
+                return None
+            except TransportError as exc:
+                # The stream broke off: reattach by request id from the last offset, so the real outcome is
+                # reported instead of a guess. A command that never reached the server answers 404.
+                failures += 1
+                if failures > REATTACH_ATTEMPTS:
+                    self._fail("transport", f"lost the connection to the Flarebox server ({exc})")
+                    return None
+                if offset is None:
+                    offset = 0  # maybe it started; reattach tells (request_not_found if not)
+                time.sleep(min(0.25 * 2**failures, 2.0))
+            except FlareboxError as exc:  # ProtocolViolation: the server or a proxy broke the protocol
+                self._fail("protocol", f"the Flarebox server broke the protocol: {exc}")
+                return None
+
+    def _on_error_event(self, event: dict) -> int | None:
+        code = event["code"]
+        if code == "command_cancelled":
+            return CANCELLED_EXIT_CODE
+        if code == "output_limit":
+            # A real outcome of the command, not an infrastructure failure: say so in the output.
+            self._write(f"\n[Flarebox: {event.get('message') or 'output limit exceeded'} ({code})]\n".encode())
+            return 1
+        self._fail(code, f"the Flarebox workspace failed: {code}: {event.get('message', '')}")
+        return None
+
+    def _write(self, data: bytes) -> None:
+        """Write into the pipe; if Hermes stopped reading after a kill, drop the rest instead of hanging."""
+        view = memoryview(data)
+        while view:
+            try:
+                written = os.write(self._write_fd, view)
+                view = view[written:]
+                continue
+            except BlockingIOError:
+                pass
+            except OSError:  # the read end was closed: nobody wants this output
+                return
+            if self._killed_at is not None and time.monotonic() - self._killed_at > KILLED_WRITE_GRACE:
+                return
+            select.select([], [self._write_fd], [], 0.2)
+
+
+def _is_strict_utf8(text: str) -> bool:
+    try:
+        text.encode("utf-8")
+        return True
+    except UnicodeEncodeError:
+        return False
