@@ -77,6 +77,16 @@ class Workspace:
         self._boot_phase: dict | None = None  # the current status event, replayed to requests that join late
         self._listeners: list = []
         self._launching: dict[str, bool] = {}  # exec ids not yet handed to the supervisor -> cancel requested
+        self._settle_stale_state()
+
+    def _settle_stale_state(self) -> None:
+        """A new object has nothing in flight, so a stored transitional state is left over from a runtime that
+        stopped mid-operation: fall back to the state the operation started from."""
+        state = self.state.state
+        if state in ("starting", "restoring"):
+            self.state.set_state("stopped" if self.state.booted else "created")
+        elif state == "saving":
+            self.state.set_state("running")  # the next request notices if the container is gone
 
     # --- dispatch ------------------------------------------------------------------------------------------
 
@@ -208,7 +218,8 @@ class Workspace:
             if mode == "fresh":
                 await supervisor.make_dir(self.container, config["cwd"])
         except BaseException as exc:
-            state.set_state(fallback)
+            if state.state == phase:
+                state.set_state(fallback)
             if mode != "restarted" and not (isinstance(exc, ProtocolError) and exc.code == "snapshot_damaged"):
                 await self._destroy_quietly()  # a half-started container must not linger
             raise
@@ -371,6 +382,15 @@ class Workspace:
 
     # --- snapshots, stop, delete ---------------------------------------------------------------------------
 
+    async def _checkpoint(self) -> SnapshotInfo:
+        """A snapshot that keeps the container running (POST …/snapshot, periodic checkpoints): `saving` while
+        it is written. Caller holds the lifecycle lock."""
+        self.state.set_state("saving")
+        try:
+            return await self._take_snapshot()
+        finally:
+            self.state.set_state("running")
+
     async def _take_snapshot(self) -> SnapshotInfo:
         """Snapshot the running container, record it and apply retention. Caller holds the lifecycle lock."""
         await supervisor.sync(self.container)
@@ -401,7 +421,7 @@ class Workspace:
         async with self._lifecycle:
             if not self._container_up():
                 raise ProtocolError("container_exited")
-            info = await self._take_snapshot()
+            info = await self._checkpoint()
         return Response.json(200, snapshot_object(self._info_dict(info)))
 
     @staticmethod
@@ -513,7 +533,7 @@ class Workspace:
             return
         if CHECKPOINT in due:
             try:
-                await self._take_snapshot()
+                await self._checkpoint()
             except (ProtocolError, ContainerGone) as exc:
                 log.warning("checkpoint of %s/%s failed: %s", self.namespace, self.name, exc)
             self.schedule.set_at(CHECKPOINT, now + self.settings.snapshot_interval_seconds * 1000)

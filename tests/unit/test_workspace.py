@@ -608,3 +608,43 @@ async def test_status_reports_busy_and_timestamps(env):
     assert ISO.match(status["last_activity_at"])
     env.container.release(rid(1))
     await env.clock.drain()
+
+
+async def test_manual_snapshot_shows_saving_and_keeps_running(env):
+    await env.put()
+    await env.run()
+    env.container.snapshot_gate = asyncio.Event()
+    pending = asyncio.ensure_future(env.call("snapshot"))
+    await env.clock.advance(0)
+    assert body(await env.call("get"))["state"] == "saving"
+    env.container.snapshot_gate.set()
+    assert (await pending).status == 200
+    assert env.state == "running" and env.container.running()
+    events = await env.run()
+    assert events[0]["container"] == "continuing"
+
+
+@pytest.mark.parametrize(
+    "stored,booted,expected",
+    [
+        ("starting", False, "created"),
+        ("starting", True, "stopped"),
+        ("restoring", True, "stopped"),
+        ("saving", True, "running"),
+    ],
+)
+async def test_a_new_object_settles_states_left_by_a_stopped_runtime(env, stored, booted, expected):
+    await env.put()
+    env.ws._store.put("state", stored)
+    env.ws._store.put("booted", booted)
+    env.ws = env.new_object()
+    assert env.state == expected
+
+
+async def test_after_a_runtime_restart_mid_boot_the_next_exec_boots_again(env):
+    await env.put()
+    env.ws._store.put("state", "starting")  # what a runtime that died during the first boot leaves behind
+    env.ws = env.new_object()
+    events = await env.run()
+    assert types(events) == ["status:starting", "status:ready", "started", "output", "exit"]
+    assert events[2]["container"] == "fresh"
