@@ -35,4 +35,6 @@ if [ "$mode" = dev ] && [ -f package.json ]; then
   if [ ! -d node_modules ] || [ package-lock.json -nt node_modules ]; then
     npm ci --no-audit --no-fund --loglevel=error
   fi
+  # The Python Workers SDK the Worker bundle and the Cloudflare tests import (idempotent).
+  scripts/vendor_workers_sdk.sh
 fi

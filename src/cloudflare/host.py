@@ -1,0 +1,92 @@
+"""The Durable Object's side of the glue: one `durable.Workspace` per object, over the Cloudflare adapters.
+
+The object learns which workspace it is from the first call (the Worker names it in a header) and keeps that in
+its own SQLite, so an alarm that wakes a fresh instance (after an eviction) still knows.
+"""
+
+import json
+import logging
+from typing import Any
+
+from cloudflare import wire
+from cloudflare.alarm import DurableAlarm
+from cloudflare.clock import JsClock
+from cloudflare.container import CloudflareContainer
+from cloudflare.jsutil import is_null
+from cloudflare.settings import settings_from_env
+from cloudflare.storage import DurableStorage
+from cloudflare.streams import JsStreams
+from cloudflare.worker_side import JsRequestBody
+from durable.ports import Response
+from durable.workspace import Workspace
+from protocol import limits
+from protocol.errors import ProtocolError
+
+log = logging.getLogger("flarebox.cloudflare.host")
+
+_IDENTITY_TABLE = "CREATE TABLE IF NOT EXISTS cf_identity (key TEXT PRIMARY KEY, namespace TEXT, name TEXT)"
+
+
+class WorkspaceHost:
+    def __init__(self, ctx: Any, env: Any):
+        self._settings = settings_from_env(env)
+        self._storage = DurableStorage(ctx.storage)
+        self._alarm = DurableAlarm(ctx.storage)
+        self._clock = JsClock()
+        self._container = CloudflareContainer(ctx, self._storage, self._clock, self._settings.idle_seconds)
+        self._streams = JsStreams()
+        self._storage.sql(_IDENTITY_TABLE)
+        self._workspace: Workspace | None = None
+        rows = self._storage.sql("SELECT namespace, name FROM cf_identity WHERE key = 'self'")
+        if rows:
+            self._build(rows[0]["namespace"], rows[0]["name"])
+
+    def _build(self, namespace: str, name: str) -> Workspace:
+        self._workspace = Workspace(
+            namespace=namespace,
+            name=name,
+            settings=self._settings,
+            storage=self._storage,
+            alarm=self._alarm,
+            clock=self._clock,
+            container=self._container,
+            streams=self._streams,
+        )
+        return self._workspace
+
+    def _workspace_for(self, key: str | None) -> Workspace:
+        if self._workspace is not None:
+            return self._workspace
+        if not key or "/" not in key:
+            raise ProtocolError("internal_error", "the call did not name its workspace")
+        namespace, name = key.split("/", 1)
+        self._storage.sql(
+            "INSERT OR REPLACE INTO cf_identity (key, namespace, name) VALUES ('self', ?, ?)", namespace, name
+        )
+        return self._build(namespace, name)
+
+    async def fetch(self, js_request: Any) -> Response:
+        try:
+            path = str(js_request.url).split("://", 1)[-1]
+            op = wire.op_from_path(path[path.find("/") :])
+            if not op:
+                raise ProtocolError("not_found")
+            workspace = self._workspace_for(js_request.headers.get(wire.WORKSPACE_HEADER))
+            raw_args = js_request.headers.get(wire.ARGS_HEADER)
+            if not is_null(raw_args):
+                args, body = json.loads(str(raw_args)), js_request.body
+            else:
+                args, body = json.loads(await JsRequestBody(js_request.body).read(limits.MAX_BODY_BYTES * 2)), None
+            return await workspace.call(op, args, body)
+        except ProtocolError as err:
+            return Response.error(err)
+        except Exception:
+            log.exception("workspace call failed")
+            return Response.error(ProtocolError("internal_error"))
+
+    async def alarm(self) -> None:
+        if self._workspace is None:
+            log.warning("alarm for a workspace object that never received a call; clearing it")
+            await self._alarm.clear()
+            return
+        await self._workspace.alarm()

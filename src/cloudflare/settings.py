@@ -1,0 +1,26 @@
+"""Deployment settings from the Worker's vars (wrangler.jsonc "vars"), through durable.settings."""
+
+from typing import Any
+
+from durable.settings import Settings
+
+# The vars Settings.from_vars understands (wrangler.jsonc documents the ones it sets).
+SETTING_VARS = (
+    "IDLE_SECONDS",
+    "ENABLE_INTERNET",
+    "ALLOWED_INSTANCE_TYPES",
+    "DEFAULT_INSTANCE_TYPE",
+    "SNAPSHOT_INTERVAL_SECONDS",
+    "IMAGES",
+    "MAX_FILE_READ_BYTES",
+    "MAX_FILE_WRITE_BYTES",
+)
+
+
+def env_var(env: Any, name: str) -> str | None:
+    value = getattr(env, name, None)
+    return None if value is None or type(value).__name__ == "JsNull" else str(value)
+
+
+def settings_from_env(env: Any) -> Settings:
+    return Settings.from_vars({name: env_var(env, name) for name in SETTING_VARS})
