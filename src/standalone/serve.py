@@ -43,6 +43,8 @@ def build_app(data_dir: Path, settings, token: str | None) -> tuple[FlareboxApp,
 
 def run_server(*, host: str, port: int, data_dir: Path, log_level: str = "info") -> int:
     logging.basicConfig(level=log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    # one line per supervisor request is noise (the access log already has one per client request)
+    logging.getLogger("httpx").setLevel(logging.WARNING)
     data_dir = Path(data_dir).expanduser().resolve()
     data_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
     try:

@@ -1,0 +1,88 @@
+"""Faults against a real server: a sandbox killed mid-command, and the server itself killed and restarted."""
+
+import os
+import shutil
+import signal
+import sqlite3
+import threading
+import time
+
+import pytest
+from e2e import exec_events, output_of, put_workspace, run_ok, sandbox_pids, started, terminal, wait_until, ws_url
+
+pytestmark = [pytest.mark.timeout(180), pytest.mark.skipif(not shutil.which("bwrap"), reason="needs bubblewrap")]
+
+
+def test_killed_sandbox_ends_the_running_exec_with_an_error_and_the_next_exec_works(server):
+    with server.client() as client:
+        assert put_workspace(client, "fault", "kill9").status_code == 201
+        run_ok(client, "fault", "kill9", "echo kept > /workspace/k")
+        result: dict = {}
+
+        def long_exec():
+            with server.client() as own:
+                result["events"] = exec_events(own, "fault", "kill9", "echo begun; sleep 120")
+                result["ended_at"] = time.monotonic()
+
+        runner = threading.Thread(target=long_exec)
+        runner.start()
+        try:
+            wait_until(lambda: client.get(ws_url("fault", "kill9")).json()["busy"], 30, what="the command to run")
+            pids = sandbox_pids(server, "kill9")
+            assert pids
+            killed_at = time.monotonic()
+            for pid in pids:
+                os.kill(pid, signal.SIGKILL)
+            runner.join(30)
+        finally:
+            runner.join(60)
+        events = result["events"]
+        end = terminal(events)
+        assert end["type"] == "error" and end["code"] in ("container_exited", "container_unavailable"), events
+        assert output_of(events) == "begun\n"
+        assert result["ended_at"] - killed_at < 5  # the deadline the behaviour promises
+        out, events = run_ok(client, "fault", "kill9", "cat /workspace/k")
+        # the sandbox died but its disk survived: files yes, processes no
+        assert out == "kept\n" and started(events)["container"] == "restarted"
+
+
+def _alarm_at(data_dir, ns, ws):
+    db = sqlite3.connect(f"file:{data_dir / 'workspaces' / ns / ws / 'state.sqlite3'}?mode=ro", uri=True)
+    try:
+        rows = db.execute("SELECT at_ms FROM _standalone_alarm").fetchall()
+    except sqlite3.OperationalError:
+        return None
+    finally:
+        db.close()
+    return rows[0][0] if rows else None
+
+
+def test_killed_server_restarts_with_every_workspace_snapshot_and_alarm(start_server):
+    first = start_server(env={"IDLE_SECONDS": "3"})
+    data_dir = first.data_dir
+    with first.client() as client:
+        assert put_workspace(client, "crash", "a").status_code == 201
+        assert put_workspace(client, "crash", "b", instance="lite", cwd="/workspace/b").status_code == 201
+        run_ok(client, "crash", "a", "echo one > /workspace/one")
+        snap = client.post(ws_url("crash", "a", "snapshot")).json()
+        run_ok(client, "crash", "a", "echo two > /workspace/two")
+        before = {ws: client.get(ws_url("crash", ws)).json() for ws in ("a", "b")}
+    assert _alarm_at(data_dir, "crash", "a") is not None  # the idle deadline is persisted
+    first.kill()  # SIGKILL: no shutdown code runs
+    wait_until(lambda: not sandbox_pids(first, "a"), 10, what="sandboxes to die")
+
+    second = start_server(env={"IDLE_SECONDS": "3"}, data_dir=data_dir)
+    # the alarm was re-armed at start: it fires with no request to the workspace and is consumed
+    wait_until(lambda: _alarm_at(data_dir, "crash", "a") is None, 30, what="the re-armed idle alarm to fire")
+    snapshot_dir = data_dir / "snapshots" / "crash" / "a"
+    assert not [p for p in snapshot_dir.iterdir() if p.name.startswith(".tmp")]  # nothing half-written
+    with second.client() as client:
+        after = {ws: client.get(ws_url("crash", ws)).json() for ws in ("a", "b")}
+        for ws in ("a", "b"):
+            assert after[ws]["config"] == before[ws]["config"]
+            assert after[ws]["created_at"] == before[ws]["created_at"]
+        listed = client.get(ws_url("crash", "a", "snapshots")).json()["snapshots"]
+        assert snap["id"] in [s["id"] for s in listed]
+        events = exec_events(client, "crash", "a", "cat /workspace/one /workspace/two")
+        assert started(events)["container"] in ("restarted", "restored")
+        assert output_of(events).startswith("one\n") and terminal(events)["type"] == "exit"
