@@ -27,7 +27,7 @@ from durable.ports import (
     Streams,
 )
 from durable.relay import EventWriter
-from durable.schedule import CHECKPOINT, IDLE, RETRY, Schedule
+from durable.schedule import CHECKPOINT, IDLE, RETRY, RETRY_FIRST_SECONDS, Schedule
 from durable.settings import Settings
 from durable.state import WorkspaceState, snapshot_object
 from durable.store import Store
@@ -444,7 +444,7 @@ class Workspace:
         except BaseException:
             state.set_state("running")
             raise
-        await self.container.destroy()
+        await self._destroy_quietly()  # the snapshot is recorded: from here on the workspace is stopped
         state.set_state("stopped")
         self.schedule.clear_all()
         self.schedule.reset_retry()
@@ -495,6 +495,17 @@ class Workspace:
                 due = self.schedule.due(now)
                 if due:
                     await self._on_due(due, now)
+            except Exception:
+                # the alarm re-arms below; a state left mid-save goes back to running (the container was not
+                # destroyed before the snapshot was recorded)
+                log.exception("alarm of %s/%s failed", self.namespace, self.name)
+                if self.state.state == "saving":
+                    self.state.set_state("running")
+                # never leave a past deadline behind: the alarm would fire again at once, forever
+                later = self.clock.now_ms() + RETRY_FIRST_SECONDS * 1000
+                for name, at in self.schedule.deadlines().items():
+                    if at <= later:
+                        self.schedule.set_at(name, later)
             finally:
                 if self.state.exists:
                     await self.schedule.arm(self.alarm_port)
@@ -513,27 +524,36 @@ class Workspace:
                 await self._forget()
             return
         if due & {IDLE, RETRY}:
-            if await supervisor.running_commands(self.container) > 0:
-                self.schedule.clear(RETRY)
-                self.schedule.set_at(IDLE, now + self.settings.idle_seconds * 1000)
+            if await supervisor.running_commands(self.container) == 0:
+                await self._idle_end()
                 return
-            if not state.persistent:
-                await self._forget()
-                return
-            try:
-                await self._save_and_stop()
-            except (ProtocolError, ContainerGone) as exc:
-                log.warning("saving %s/%s failed: %s", self.namespace, self.name, exc)
-                self.schedule.clear(IDLE, RETRY)
-                if self.container.running():
-                    self.schedule.set_at(RETRY, now + self.schedule.next_retry_delay() * 1000)
-                else:
-                    state.set_state(self._resting_state())
-                    self.schedule.clear_all()
-            return
+            # a command is still running: it keeps the workspace awake
+            self.schedule.clear(RETRY)
+            self.schedule.set_at(IDLE, now + self.settings.idle_seconds * 1000)
         if CHECKPOINT in due:
             try:
                 await self._checkpoint()
-            except (ProtocolError, ContainerGone) as exc:
+            except Exception as exc:  # a failed checkpoint changes nothing; the next one comes on schedule
                 log.warning("checkpoint of %s/%s failed: %s", self.namespace, self.name, exc)
             self.schedule.set_at(CHECKPOINT, now + self.settings.snapshot_interval_seconds * 1000)
+
+    async def _idle_end(self) -> None:
+        """Idle with nothing running: persistent → save and stop (retrying a failed save with backoff);
+        ephemeral → forget."""
+        state = self.state
+        if not state.persistent:
+            await self._forget()
+            return
+        try:
+            await self._save_and_stop()
+        except Exception as exc:  # any failed save: keep running, retry with backoff
+            log.warning("saving %s/%s failed: %s", self.namespace, self.name, exc)
+            self.schedule.clear(IDLE, RETRY)
+            if self.container.running():
+                delay_ms = self.schedule.next_retry_delay() * 1000
+                self.schedule.set_at(RETRY, self.clock.now_ms() + delay_ms)
+                if self.schedule.get(CHECKPOINT) is not None:  # the retry is the next snapshot attempt
+                    self.schedule.set_at(CHECKPOINT, self.clock.now_ms() + delay_ms)
+            else:
+                state.set_state(self._resting_state())
+                self.schedule.clear_all()

@@ -112,7 +112,7 @@ class Edge:
             path = self._path_param(params)
             mode = parse_file_mode(params.get("mode"))
             length = self._upload_length(req)
-            return {"path": path, "mode": mode, "length": length}, req.body.stream
+            return {"path": path, "mode": mode, "length": length}, req.body.stream if req.body is not None else None
         raise ProtocolError("not_found")  # a route without a handler is a bug; answer as unknown
 
     @staticmethod

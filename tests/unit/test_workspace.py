@@ -648,3 +648,27 @@ async def test_after_a_runtime_restart_mid_boot_the_next_exec_boots_again(env):
     events = await env.run()
     assert types(events) == ["status:starting", "status:ready", "started", "output", "exit"]
     assert events[2]["container"] == "fresh"
+
+
+async def test_an_unexpected_snapshot_error_is_a_failed_save_not_a_hot_loop(env):
+    await env.put()
+    await env.run()
+    env.container.fail_snapshots = 1
+    env.container.snapshot_error = RuntimeError("adapter bug")
+    await env.fire_alarm_at_deadline()
+    assert env.state == "running" and env.container.running()
+    assert env.alarm.at_ms == env.clock.now_ms() + 30_000  # retried later, never re-armed in the past
+    await env.fire_alarm_at_deadline()
+    assert env.state == "stopped"
+
+
+async def test_a_checkpoint_still_happens_while_a_long_command_keeps_the_workspace_awake():
+    env = Env(Settings(idle_seconds=60, snapshot_interval_seconds=60))
+    await env.put()
+    await env.start_exec("hold", request_id=rid(1))
+    await env.clock.advance(0)
+    await env.fire_alarm_at_deadline()  # idle and checkpoint are both due
+    assert env.state == "running" and len(env.ws.state.snapshots()) == 1
+    assert env.alarm.at_ms > env.clock.now_ms()
+    env.container.release(rid(1))
+    await env.clock.drain()

@@ -148,6 +148,7 @@ class FakeContainer:
         self.start_error: ProtocolError | None = None
         self.unready_polls = 0  # /health answers 503 this many times after a start
         self.fail_snapshots = 0
+        self.snapshot_error: Exception = ProtocolError("snapshot_failed")
         self.snapshot_gate: asyncio.Event | None = None
         self.deleted_snapshots: list[str] = []
         self.destroys = 0
@@ -187,7 +188,7 @@ class FakeContainer:
             raise ContainerGone()
         if self.fail_snapshots:
             self.fail_snapshots -= 1
-            raise ProtocolError("snapshot_failed")
+            raise self.snapshot_error
         self._n += 1
         sid = f"snap-{self._n}"
         self.snapshots[sid] = dict(self.disk)
