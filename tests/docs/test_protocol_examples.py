@@ -1,0 +1,276 @@
+"""The curl examples in docs/protocol.md work as printed, against a real `flarebox serve` with real sandboxes.
+
+Each shell block is taken from the document and run with bash, unchanged; the only help it gets is FLAREBOX_URL,
+a HOME in which the server generated its token (so the quick start's `cat ~/.local/share/flarebox/token` works),
+and RID where a block reuses the one an earlier block created. Every JSON answer is checked against
+docs/openapi.yaml, so the examples, the schemas and the server have to agree.
+"""
+
+import json
+import os
+import re
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+import uuid
+from pathlib import Path
+
+import httpx
+import pytest
+import yaml
+from jsonschema import Draft202012Validator
+
+ROOT = Path(__file__).resolve().parents[2]
+DOC = (ROOT / "docs" / "protocol.md").read_text(encoding="utf-8")
+SPEC = yaml.safe_load((ROOT / "docs" / "openapi.yaml").read_text(encoding="utf-8"))
+
+pytestmark = [
+    pytest.mark.timeout(300),
+    pytest.mark.skipif(not (shutil.which("bwrap") and shutil.which("curl")), reason="needs bubblewrap and curl"),
+]
+
+
+def schema(name: str) -> Draft202012Validator:
+    return Draft202012Validator({"components": SPEC["components"], "$ref": f"#/components/schemas/{name}"})
+
+
+def sh_blocks(heading: str) -> list[str]:
+    """The ```sh blocks of the section whose heading starts with `heading` (up to the next heading)."""
+    match = re.search(rf"^#+ {re.escape(heading)}.*?$(.*?)(?=^#+ |\Z)", DOC, re.M | re.S)
+    assert match, f"protocol.md has no section {heading!r}"
+    blocks = re.findall(r"^```sh\n(.*?)^```$", match.group(1), re.M | re.S)
+    assert blocks, f"section {heading!r} has no sh example"
+    return blocks
+
+
+def json_values(text: str) -> list:
+    """Consecutive JSON values (curl prints bodies without a newline between them; NDJSON has one per line)."""
+    decoder, values, pos = json.JSONDecoder(), [], 0
+    while True:
+        while pos < len(text) and text[pos].isspace():
+            pos += 1
+        if pos == len(text):
+            return values
+        value, pos = decoder.raw_decode(text, pos)
+        values.append(value)
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+class Walkthrough:
+    """A real server plus a bash runner for the document's examples."""
+
+    def __init__(self, base: Path):
+        self.home = base / "home"
+        self.cwd = base / "cwd"
+        self.home.mkdir()
+        self.cwd.mkdir()
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        env = {k: v for k, v in os.environ.items() if not k.startswith(("HERMES_CF_", "SANDBOX_API_TOKEN"))}
+        for name in ("FLAREBOX_DATA_DIR", "XDG_DATA_HOME", "FLAREBOX_URL", "TOKEN", "W", "RID"):
+            env.pop(name, None)
+        # python3 in the examples: this interpreter's venv, whatever the HOME
+        env.update({"HOME": str(self.home), "PYTHONUNBUFFERED": "1"})
+        env["PATH"] = os.path.dirname(sys.executable) + os.pathsep + env.get("PATH", "")
+        self.env = env
+        self.proc: subprocess.Popen | None = None
+        self.token = ""
+
+    def start(self) -> None:
+        script = Path(sys.executable).with_name("flarebox")
+        cmd = [str(script)] if script.exists() else [sys.executable, "-m", "standalone.cli"]
+        log = open(self.home / "server.log", "wb")
+        self.proc = subprocess.Popen(
+            cmd + ["serve", "--port", str(self.port)],
+            env=self.env,
+            cwd=ROOT,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+        log.close()
+        token_file = self.home / ".local" / "share" / "flarebox" / "token"
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:
+            assert self.proc.poll() is None, f"flarebox serve exited:\n{self.log()}"
+            if token_file.exists() and token_file.read_text().strip():
+                self.token = token_file.read_text().strip()
+                try:
+                    if httpx.get(f"{self.url}/v1/health", headers=self.auth(), timeout=2).status_code == 200:
+                        return
+                except httpx.TransportError:
+                    pass
+            time.sleep(0.1)
+        raise AssertionError(f"flarebox serve did not come up:\n{self.log()}")
+
+    def stop(self) -> None:
+        if self.proc is None:
+            return
+        pid = self.proc.pid
+        try:
+            if self.proc.poll() is None:
+                os.kill(pid, signal.SIGTERM)
+                try:
+                    self.proc.wait(15)
+                except subprocess.TimeoutExpired:
+                    os.kill(pid, signal.SIGKILL)
+                    self.proc.wait(10)
+        finally:
+            try:
+                os.killpg(pid, signal.SIGKILL)  # sandboxes left in the server's session, if any
+            except ProcessLookupError:
+                pass
+
+    def log(self) -> str:
+        path = self.home / "server.log"
+        return path.read_text(errors="replace")[-4000:] if path.exists() else ""
+
+    def auth(self) -> dict[str, str]:
+        return {"Authorization": f"Bearer {self.token}"}
+
+    def run(self, block: str, **variables: str) -> str:
+        """Run one example block with bash; the variables the quick start defines are set beforehand."""
+        prelude = (
+            f"export FLAREBOX_URL={self.url}\n"
+            f"export TOKEN=$(cat ~/.local/share/flarebox/token)\n"
+            'W="$FLAREBOX_URL/v1/workspaces/personal/demo"\n'
+        )
+        prelude += "".join(f"{name}={value}\n" for name, value in variables.items())
+        done = subprocess.run(
+            ["bash", "-euo", "pipefail", "-c", prelude + block],
+            env={**self.env, "FLAREBOX_URL": self.url},
+            cwd=self.cwd,
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
+        assert done.returncode == 0, f"example failed ({done.returncode}):\n{block}\n{done.stderr}\n{self.log()}"
+        assert self.token not in done.stdout + done.stderr
+        return done.stdout
+
+
+@pytest.fixture
+def walk():
+    base = Path(tempfile.mkdtemp(prefix="fbdoc-"))  # short: sandbox sockets live under the data dir
+    base.chmod(0o755)
+    walk = Walkthrough(base)
+    try:
+        walk.start()
+        yield walk
+    finally:
+        walk.stop()
+        subprocess.run(["chmod", "-R", "u+rwX", str(base)], check=False, capture_output=True)
+        shutil.rmtree(base, ignore_errors=True)
+
+
+def events_of(text: str) -> list[dict]:
+    events = [json.loads(line) for line in text.splitlines() if line]
+    for event in events:
+        schema("ExecEvent").validate(event)
+    assert events[-1]["type"] in ("exit", "error") and all(e["type"] not in ("exit", "error") for e in events[:-1])
+    return events
+
+
+def output_of(events: list[dict]) -> str:
+    text, offset = "", 0
+    for event in events:
+        if event["type"] == "output":
+            assert event["offset"] == offset
+            text += event["data"]
+            offset += len(event["data"])
+    return text
+
+
+def exec_output(walk: Walkthrough, command: str) -> str:
+    body = {"request_id": uuid.uuid4().hex, "command": command}
+    w = f"{walk.url}/v1/workspaces/personal/demo"
+    response = httpx.post(f"{w}/exec", json=body, headers=walk.auth(), timeout=60)
+    events = events_of(response.text)
+    assert events[-1] == {**events[-1], "type": "exit", "exit_code": 0}, events[-1]
+    return output_of(events)
+
+
+def test_the_documents_curl_examples_work_as_printed(walk):
+    w = f"{walk.url}/v1/workspaces/personal/demo"
+
+    # §2 quick start: health, create, first command in a fresh workspace
+    (quick,) = sh_blocks("2. Quick start")
+    health, created, *events = json_values(walk.run(quick))
+    schema("Health").validate(health)
+    schema("Status").validate(created)
+    assert created["state"] == "created" and created["booted"] is False
+    events_of("\n".join(json.dumps(e) for e in events))
+    started = next(e for e in events if e["type"] == "started")
+    assert started["container"] == "fresh"
+    assert events[-1]["exit_code"] == 0 and output_of(events).endswith("/workspace\n")
+
+    # §3 token generation prints a token long enough for the server
+    (generate,) = sh_blocks("3. Authentication")
+    assert len(walk.run(generate).strip()) >= 32
+
+    # §6.2–6.4 health, PUT with the defaults spelled out (identical config → 200 status), GET
+    schema("Health").validate(json.loads(walk.run(sh_blocks("6.2")[0])))
+    confirmed = json.loads(walk.run(sh_blocks("6.3")[0]))
+    schema("Status").validate(confirmed)
+    assert confirmed["config"] == created["config"]
+    status = json.loads(walk.run(sh_blocks("6.4")[0]))
+    schema("Status").validate(status)
+    assert status["state"] == "running" and status["booted"] is True
+
+    # §6.6 three ways to exec
+    ticks, heredoc, with_jq = sh_blocks("6.6")
+    assert output_of(events_of(walk.run(ticks))) == "tick 1\ntick 2\ntick 3\n"
+    rid = uuid.uuid4().hex
+    first = events_of(walk.run(heredoc, RID=rid))
+    assert first[0] == {"type": "started", "request_id": rid, "container": "continuing", "snapshot": None}
+    assert re.fullmatch(r"2\nuser=\S+ greeting=hi\n", output_of(first))
+    if shutil.which("jq"):
+        assert "total" in walk.run(with_jq, RID=uuid.uuid4().hex)
+
+    # §6.7 reattach replays the same output and terminal event; §6.8 cancel of a finished command
+    again = events_of(walk.run(sh_blocks("6.7")[0], RID=rid))
+    assert output_of(again) == output_of(first) and again[-1] == first[-1]
+    cancelled = json.loads(walk.run(sh_blocks("6.8")[0], RID=rid))
+    schema("CancelResult").validate(cancelled)
+    assert cancelled == {"request_id": rid, "state": "finished"}
+
+    # §6.10 uploads (from local files), then §6.9 downloads (of files put there first)
+    (walk.cwd / "data.csv").write_text("a,b\n1,2\n")
+    (walk.cwd / "build.sh").write_text("#!/bin/sh\necho built\n")
+    written = json_values(walk.run(sh_blocks("6.10")[0]))
+    for item in written:
+        schema("FileWritten").validate(item)
+    assert written == [{"path": "/workspace/data/data.csv", "size": 8}, {"path": "/workspace/build.sh", "size": 21}]
+    assert exec_output(walk, "stat -c %a /workspace/build.sh; ./build.sh") == "755\nbuilt\n"
+    pdf, notes = os.urandom(70_000), "notes with a space ✓\n".encode()
+    for path, data in (("/workspace/report.pdf", pdf), ("/workspace/my notes.txt", notes)):
+        response = httpx.put(f"{w}/files", params={"path": path}, content=data, headers=walk.auth())
+        assert response.status_code == 200, response.text
+    walk.run(sh_blocks("6.9")[0])
+    assert (walk.cwd / "report.pdf").read_bytes() == pdf
+    assert (walk.cwd / "notes.txt").read_bytes() == notes
+
+    # §6.12–6.14 snapshot, list, stop; the next command comes back restored with the files
+    snapshot = json.loads(walk.run(sh_blocks("6.12")[0]))
+    schema("Snapshot").validate(snapshot)
+    listed = json.loads(walk.run(sh_blocks("6.13")[0]))
+    schema("SnapshotList").validate(listed)
+    assert snapshot in listed["snapshots"]
+    stopped = json.loads(walk.run(sh_blocks("6.14")[0]))
+    schema("Status").validate(stopped)
+    assert stopped["state"] == "stopped" and stopped["running"] is False
+    assert exec_output(walk, "cat /workspace/data/data.csv") == "a,b\n1,2\n"
+
+    # §6.5 delete, after which the workspace is unknown
+    assert json.loads(walk.run(sh_blocks("6.5")[0])) == {"deleted": True}
+    gone = httpx.get(w, headers=walk.auth())
+    assert gone.status_code == 404 and gone.json()["error"]["code"] == "workspace_not_found"
