@@ -1,0 +1,228 @@
+"""The standalone runtime end to end: a real `flarebox serve` subprocess, real bubblewrap sandboxes, the shared
+protocol client, measured against baselines taken in the same run.
+
+  exec round trip   `true` through client → uvicorn → edge → workspace → sandbox supervisor → back (warm workspace,
+                    one kept-alive connection), vs the supervisor alone (POST /exec on its unix socket) and vs a
+                    bare `bash -c true` spawn. Goal: full stack p50 ≤ 3× the bare spawn.
+  cold start        first exec on a new workspace, request sent → first output event. Goal ≤ 1 s.
+  restore           first exec on a stopped workspace holding 100 MB (half incompressible), → first output, vs the
+                    bare `zstd -d | tar -x` of its archive. Goal ≤ 1 s.
+  memory            the server's RSS growth per idle workspace (created, booted once, idle), and a sandbox's RSS.
+"""
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+import uuid
+from pathlib import Path
+
+import httpx
+
+from bench.framework import figure, percentile, timed
+from flarebox_hermes.client import Client
+
+TOKEN = "bench-token-" + "b" * 40
+NS = "bench"
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+class Server:
+    def __init__(self, root: Path):
+        self.data_dir = root / "data"
+        self.port = _free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        env = {**os.environ, "SANDBOX_API_TOKEN": TOKEN, "IDLE_SECONDS": "3600", "PYTHONUNBUFFERED": "1"}
+        self.log = open(root / "server.log", "wb")  # noqa: SIM115 - closed in stop()
+        cmd = [sys.executable, "-m", "standalone.cli", "serve", "--port", str(self.port), "--data-dir",
+               str(self.data_dir), "--log-level", "warning"]
+        self.proc = subprocess.Popen(cmd, stdout=self.log, stderr=subprocess.STDOUT, env=env, start_new_session=True)
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:
+            try:
+                if httpx.get(self.url + "/v1/health", headers={"Authorization": f"Bearer {TOKEN}"}).status_code == 200:
+                    return
+            except httpx.TransportError:
+                time.sleep(0.05)
+        self.stop()
+        raise RuntimeError("flarebox serve did not start")
+
+    def rss_kib(self) -> int:
+        return _rss(self.proc.pid)
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            os.kill(self.proc.pid, signal.SIGTERM)
+            try:
+                self.proc.wait(20)
+            except subprocess.TimeoutExpired:
+                os.kill(self.proc.pid, signal.SIGKILL)
+                self.proc.wait()
+        try:
+            os.killpg(self.proc.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        self.log.close()
+
+
+def _exec(client: Client, ws: str, command: str) -> tuple[float | None, dict]:
+    """Run a command; (seconds from request to first output event, terminal event)."""
+    start = time.perf_counter()
+    first = None
+    end = {}
+    for event in client.exec(NS, ws, {"request_id": uuid.uuid4().hex, "command": command}):
+        if event["type"] == "output" and first is None:
+            first = time.perf_counter() - start
+        if event["type"] in ("exit", "error"):
+            end = event
+    if end.get("type") != "exit":
+        raise RuntimeError(f"{command!r} failed: {end}")
+    return first, end
+
+
+def _supervisor_socket(data_dir: Path) -> Path:
+    (sock,) = (data_dir / "run").glob("*/sv.sock")
+    return sock
+
+
+def _bare_spawn() -> None:
+    subprocess.run(["bash", "-c", "true"], check=True)
+
+
+def run(quick: bool = False) -> list[dict]:
+    repeat = 30 if quick else 200
+    rows = []
+    with tempfile.TemporaryDirectory(prefix="fbx-bench-") as tmp:
+        root = Path(tmp)
+        os.chmod(root, 0o755)
+        server = Server(root)
+        try:
+            with Client(server.url, TOKEN) as client:
+                rows += _round_trips(server, client, repeat)
+                rows += _cold_and_restore(server, client, root, quick)
+                rows += _memory(server, client, 5 if quick else 20)
+        finally:
+            server.stop()
+            subprocess.run(["chmod", "-R", "u+rwX", tmp], check=False)
+    return rows
+
+
+def _round_trips(server: Server, client: Client, repeat: int) -> list[dict]:
+    client.put_workspace(NS, "rt", {})
+    _exec(client, "rt", "true")  # boot
+    full = timed(lambda: _exec(client, "rt", "true"), repeat, warmup=5)
+    bare = timed(_bare_spawn, repeat, warmup=5)
+    sock = _supervisor_socket(server.data_dir)
+    with httpx.Client(transport=httpx.HTTPTransport(uds=str(sock)), base_url="http://sandbox") as sv:
+
+        def direct() -> None:
+            body = {"request_id": uuid.uuid4().hex, "command": "true"}
+            with sv.stream("POST", "/exec", json=body) as response:
+                lines = [json.loads(line) for line in response.iter_lines() if line]
+            assert lines[-1]["type"] == "exit", lines
+
+        alone = timed(direct, repeat, warmup=5)
+    bare_p50 = percentile(bare, 50) * 1000
+    return [
+        figure("exec `true` round trip, full stack p50", percentile(full, 50) * 1000, "ms", "bare bash -c true p50",
+               bare_p50, goal=3.0),
+        figure("exec `true` round trip, full stack p95", percentile(full, 95) * 1000, "ms", "bare bash -c true p95",
+               percentile(bare, 95) * 1000),
+        figure("exec `true` round trip, supervisor alone p50", percentile(alone, 50) * 1000, "ms",
+               "bare bash -c true p50", bare_p50, note="POST /exec on the sandbox's unix socket"),
+    ]
+
+
+def _cold_and_restore(server: Server, client: Client, root: Path, quick: bool) -> list[dict]:
+    rows = []
+    cold = []
+    for i in range(2 if quick else 5):
+        ws = f"cold{i}"
+        client.put_workspace(NS, ws, {})
+        first, _ = _exec(client, ws, "echo up")
+        cold.append(first)
+    rows.append(figure("cold start: new workspace → first output p50", percentile(cold, 50), "s", "goal (1 s)", 1.0,
+                       goal=1.0, note=f"median of {len(cold)}"))
+
+    mb = 20 if quick else 100
+    client.put_workspace(NS, "big", {})
+    # half incompressible, half text: what a checkout with build outputs looks like to zstd
+    _exec(client, "big", f"head -c {mb // 2}M /dev/urandom > /workspace/blob; "
+                         f"seq 1 100000000 | head -c {mb // 2}M > /workspace/text.txt")
+    client.stop(NS, "big")
+    restores = []
+    for _ in range(1 if quick else 3):
+        first, _ = _exec(client, "big", "echo back")
+        restores.append(first)
+        client.stop(NS, "big")  # snapshot again and stop, for the next round
+    archive = max((server.data_dir / "snapshots" / NS / "big").glob("*.tar.zst"))  # the newest (ids sort by time)
+    target = root / "bare-restore"
+
+    def bare_restore() -> None:
+        subprocess.run(["rm", "-rf", str(target)], check=True)
+        target.mkdir()
+        subprocess.run(f"zstd -d -q -c '{archive}' | tar -C '{target}' -xf -", shell=True, check=True)  # noqa: S602
+
+    bare = timed(bare_restore, 3)
+    rows.append(figure(f"restore {mb} MB workspace → first output p50", percentile(restores, 50), "s",
+                       "goal (1 s)", 1.0, goal=1.0,
+                       note=f"bare zstd -d | tar -x of the same archive: {percentile(bare, 50):.3f} s; "
+                            f"archive {archive.stat().st_size / 1e6:.1f} MB"))
+    return rows
+
+
+def _rss(pid: int) -> int:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1])
+    return 0
+
+
+def _sandbox_rss_kib(hostname: str) -> int:
+    """RSS of one sandbox's process tree: its bwrap processes (given `--hostname <ws>`) and their descendants."""
+    roots = []
+    for entry in os.listdir("/proc"):
+        try:
+            cmd = Path(f"/proc/{entry}/cmdline").read_bytes().split(b"\0") if entry.isdigit() else []
+        except OSError:
+            continue
+        if cmd and cmd[0].endswith(b"bwrap") and b"--hostname" in cmd and cmd[cmd.index(b"--hostname") + 1] == \
+                hostname.encode():
+            roots.append(int(entry))
+    seen, todo, total = set(), list(roots), 0
+    while todo:
+        pid = todo.pop()
+        if pid in seen:
+            continue
+        seen.add(pid)
+        try:
+            total += _rss(pid)
+            children = Path(f"/proc/{pid}/task/{pid}/children").read_text().split()
+        except OSError:
+            continue
+        todo += [int(c) for c in children]
+    return total
+
+
+def _memory(server: Server, client: Client, count: int) -> list[dict]:
+    before = server.rss_kib()
+    for i in range(count):
+        client.put_workspace(NS, f"mem{i}", {})
+        _exec(client, f"mem{i}", "true")
+    time.sleep(1)
+    per_ws = (server.rss_kib() - before) / count
+    return [
+        figure("server RSS per idle workspace", per_ws, "KiB", "—", None,
+               note=f"{count} workspaces booted once, then idle; sandbox processes excluded"),
+        figure("sandbox RSS per idle workspace", _sandbox_rss_kib("mem0"), "KiB", "—", None,
+               note="bwrap + supervisor of one idle workspace"),
+    ]
