@@ -217,7 +217,8 @@ class Container {
     ];
     for (const [k, v] of Object.entries(o.env ?? {})) argv.push("--setenv", k, v);
     argv.push(PYTHON, "-m", "flarebox_supervisor", "--unix", "/run/flarebox/s.sock", "--workdir", "/workspace");
-    const proc = spawn("bwrap", argv, { stdio: ["ignore", "inherit", "inherit"] });
+    // bwrap itself stays as the sandbox's PID 1: give it no environment of ours (HARNESS_VARS holds the token).
+    const proc = spawn("bwrap", argv, { stdio: ["ignore", "inherit", "inherit"], env: { PATH: process.env.PATH } });
     this.proc = proc;
     this.state = "running";
     proc.on("exit", (code, signal) => {
