@@ -263,6 +263,14 @@ async def test_a_json_body_at_the_limit_is_read(edge):
     assert resp.status == 200 and directory.calls[0][2] == "exec"
 
 
+async def test_a_malformed_json_content_length_is_refused_unread(edge):
+    e, directory = edge
+    body = Body(forbidden=True)
+    resp = await send(e, "POST", W + "/exec", headers={**JSON, "content-length": "12x"}, body=body)
+    assert error(resp) == (400, "invalid_json")
+    assert not body.read_called and directory.calls == []
+
+
 @pytest.mark.parametrize(
     "headers,status,code",
     [
