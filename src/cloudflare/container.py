@@ -110,7 +110,7 @@ class CloudflareContainer:
             await promise
             log.info("container exited")
         except JsException as exc:
-            log.warning("container stopped: %s", exc)
+            log.info("container stopped: %s", exc)
 
     async def _arm_inactivity_timeout(self) -> None:
         try:

@@ -57,9 +57,9 @@ class WorkspaceHost:
     def _workspace_for(self, key: str | None) -> Workspace:
         if self._workspace is not None:
             return self._workspace
-        if not key or "/" not in key:
+        if is_null(key) or "/" not in str(key):
             raise ProtocolError("internal_error", "the call did not name its workspace")
-        namespace, name = key.split("/", 1)
+        namespace, name = str(key).split("/", 1)
         self._storage.sql(
             "INSERT OR REPLACE INTO cf_identity (key, namespace, name) VALUES ('self', ?, ?)", namespace, name
         )

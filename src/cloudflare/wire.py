@@ -21,8 +21,12 @@ def call_url(op: str) -> str:
     return ORIGIN + CALL_PREFIX + op
 
 
-def encode_args(args: dict[str, Any]) -> str:
-    # ensure_ascii: header values must be ASCII, and non-ASCII paths survive as \u escapes.
+def args_body(args: dict[str, Any]) -> bytes:
+    return json.dumps(args, ensure_ascii=False, separators=(",", ":")).encode("utf-8")
+
+
+def args_header(args: dict[str, Any]) -> str:
+    # ensure_ascii: header values must be ASCII; non-ASCII paths survive as \u escapes.
     return json.dumps(args, ensure_ascii=True, separators=(",", ":"))
 
 

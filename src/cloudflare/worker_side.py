@@ -86,9 +86,9 @@ class DurableObjectStub:
         headers = {wire.WORKSPACE_HEADER: self._key}
         if body is None:
             headers["content-type"] = "application/json"
-            payload = uint8(wire.encode_args(args).encode("ascii"))
+            payload = uint8(wire.args_body(args))
         else:
-            headers[wire.ARGS_HEADER] = wire.encode_args(args)
+            headers[wire.ARGS_HEADER] = wire.args_header(args)
             payload = body
         init = jsobj({"method": "POST", "headers": headers})
         init.body = payload

@@ -313,3 +313,15 @@ def test_requests_in_flight_do_not_block_each_other(harness, client):
         assert not gate.is_set()
         assert run_exec(client, name, "touch /workspace/release")[-1]["exit_code"] == 0
         assert output_of(pending.result(timeout=60)) == "released\n"
+
+
+def test_non_ascii_survives_worker_object_and_container(harness, client):
+    name = "unicode"
+    create(client, name)
+    events = run_exec(client, name, "cat; printf 'ünï 🌍\\n'", stdin="stdin ✓ 中文\n")
+    assert output_of(events) == "stdin ✓ 中文\nünï 🌍\n"
+    path = "/workspace/dïr/ünï 🌍.txt"  # travels to the object in a header, as JSON \u escapes
+    put = client.put(ws_path(name) + "/files", params={"path": path}, content="données".encode())
+    assert put.status_code == 200 and put.json()["path"] == path
+    got = client.get(ws_path(name) + "/files", params={"path": path})
+    assert got.content.decode() == "données"
