@@ -17,6 +17,9 @@ from flarebox_supervisor.journal import Journal
 
 _PIPE_SIZE = 1024 * 1024
 _F_SETPIPE_SZ = getattr(fcntl, "F_SETPIPE_SZ", 1031)
+# One read buffer for every pipe: reads happen in event-loop callbacks and are decoded at once, so they never overlap.
+_BUFFER = bytearray(_PIPE_SIZE)
+_VIEW = memoryview(_BUFFER)
 
 
 def make_pipe() -> tuple[int, int]:
@@ -36,8 +39,6 @@ class OutputPipe:
         self._journal = journal
         self._on_limit = on_limit
         self._decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
-        self._buffer = bytearray(_PIPE_SIZE)
-        self._view = memoryview(self._buffer)
         self.over_limit = False
         self.last_read = time.monotonic()
         self.eof = asyncio.Event()
@@ -46,7 +47,7 @@ class OutputPipe:
 
     def _on_readable(self) -> None:
         try:
-            count = os.readv(self._fd, [self._buffer])
+            count = os.readv(self._fd, [_BUFFER])
         except BlockingIOError:
             return
         except OSError:
@@ -56,7 +57,7 @@ class OutputPipe:
             self.close()
             return
         self.last_read = time.monotonic()
-        self._push(self._decoder.decode(self._view[:count]))
+        self._push(self._decoder.decode(_VIEW[:count]))
 
     def _push(self, text: str) -> None:
         if not text:

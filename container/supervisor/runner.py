@@ -45,7 +45,7 @@ class Command:
         req = self.request
         env = self.identity.base_env()
         env.update(req.env)
-        argv = ["/bin/bash", "-lc" if req.login else "-c", req.command]
+        argv, as_user = self.identity.spawn(["/bin/bash", "-lc" if req.login else "-c", req.command])
         read_fd, write_fd = make_pipe()
         try:
             self.process = subprocess.Popen(
@@ -57,7 +57,7 @@ class Command:
                 env=env,
                 start_new_session=True,
                 close_fds=True,
-                **self.identity.popen_kwargs(),
+                **as_user,
             )
         except OSError as exc:
             os.close(read_fd)
