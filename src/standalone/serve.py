@@ -6,6 +6,7 @@ shutdown, where the registry stops the sandboxes (files stay on disk) and closes
 
 import asyncio
 import logging
+import signal
 import sys
 from pathlib import Path
 
@@ -21,7 +22,7 @@ from worker.edge import Edge
 
 log = logging.getLogger("flarebox.serve")
 
-MAX_HEADER_BYTES = 32 * 1024  # a request whose headers are bigger is refused by h11 before reaching the app
+MAX_INCOMPLETE_EVENT = 64 * 1024  # h11 buffers at most this much of an unfinished request head
 GRACEFUL_SECONDS = 3  # open exec streams get this long at shutdown; clients reattach by request id afterwards
 
 
@@ -73,7 +74,7 @@ def run_server(*, host: str, port: int, data_dir: Path, log_level: str = "info")
         log_level=log_level,
         http="h11",
         lifespan="on",
-        h11_max_incomplete_event_size=MAX_HEADER_BYTES,
+        h11_max_incomplete_event_size=MAX_INCOMPLETE_EVENT,
         timeout_graceful_shutdown=GRACEFUL_SECONDS,
         server_header=False,
         # the access log holds method, path and status only; headers (the token) are never logged
@@ -94,8 +95,13 @@ def run_server(*, host: str, port: int, data_dir: Path, log_level: str = "info")
             out.flush()
         await serving
 
+    # uvicorn handles SIGINT/SIGTERM while serving and re-raises the signal afterwards; with this no-op as the
+    # "previous" handler a SIGTERM ends the process with status 0 after the clean shutdown, not with -15
+    previous = signal.signal(signal.SIGTERM, lambda signum, frame: None)
     try:
         asyncio.run(main())
     except KeyboardInterrupt:
         pass
+    finally:
+        signal.signal(signal.SIGTERM, previous)
     return 0 if server.started else 1

@@ -16,6 +16,9 @@ from worker.request import EdgeRequest
 
 log = logging.getLogger("flarebox.server")
 
+# Request headers larger than this are refused with 431 (h11 alone only bounds headers split across reads).
+MAX_HEADER_BYTES = 32 * 1024
+
 
 class AsgiBody:
     """ports.RequestBody over ASGI `receive`: read(limit) for JSON bodies, stream for file uploads. Single use."""
@@ -83,6 +86,9 @@ class FlareboxApp:
         if scope["type"] != "http":
             return  # no websockets
         body = AsgiBody(receive)
+        if sum(len(k) + len(v) for k, v in scope.get("headers", ())) > MAX_HEADER_BYTES:
+            await self._send(Response.error(ProtocolError("headers_too_large")), body, receive, send)
+            return
         request = EdgeRequest(
             method=scope["method"],
             # raw_path keeps percent-encoding so a `%` in a name reaches validation instead of being decoded

@@ -47,3 +47,28 @@ def test_server_without_usable_token_answers_503_everywhere(start_server):
             assert response.json()["error"]["code"] == "not_configured"
     assert "too-short" not in srv.output()
     assert "503 not_configured" in srv.output()  # the start notice says why
+
+
+def test_generated_token_is_stored_0600_and_shown_only_once(start_server):
+    import os
+    import stat
+
+    from e2e import ServerProcess
+
+    srv = start_server(token=None)  # no SANDBOX_API_TOKEN: the server makes one
+    token_file = srv.data_dir / "token"
+    token = token_file.read_text().strip()
+    assert len(token) >= 32 and stat.S_IMODE(os.stat(token_file).st_mode) == 0o600
+    assert srv.output().count(token) == 1  # printed once, with a curl example
+    assert "curl" in srv.output()
+    assert httpx.get(srv.url + "/v1/health", headers={"Authorization": f"Bearer {token}"}).status_code == 200
+    srv.stop()
+
+    again = ServerProcess(srv.data_dir, {}, token=None)
+    again.log_path = srv.log_path.with_name("restarted.log")
+    try:
+        again.start()
+        assert str(token_file) in again.output() and token not in again.output()
+        assert httpx.get(again.url + "/v1/health", headers={"Authorization": f"Bearer {token}"}).status_code == 200
+    finally:
+        again.stop()

@@ -86,3 +86,22 @@ def test_killed_server_restarts_with_every_workspace_snapshot_and_alarm(start_se
         events = exec_events(client, "crash", "a", "cat /workspace/one /workspace/two")
         assert started(events)["container"] in ("restarted", "restored")
         assert output_of(events).startswith("one\n") and terminal(events)["type"] == "exit"
+
+
+def test_sigterm_stops_sandboxes_closes_sqlite_and_keeps_files(start_server):
+    srv = start_server()
+    with srv.client() as client:
+        assert put_workspace(client, "calm", "w").status_code == 201
+        run_ok(client, "calm", "w", "echo kept > /workspace/k; (sleep 300 &)")
+    assert sandbox_pids(srv, "w")
+    assert srv.stop() == 0  # SIGTERM: a clean exit
+    assert not sandbox_pids(srv, "w")  # sandboxes run in their own sessions: the server itself stopped them
+    state = srv.data_dir / "workspaces" / "calm" / "w"
+    assert (state / "state.sqlite3").exists() and not (state / "state.sqlite3-wal").exists()  # closed cleanly
+    again = start_server(data_dir=srv.data_dir)
+    with again.client() as client:
+        out, events = run_ok(client, "calm", "w", "cat /workspace/k; pgrep -c sleep || true")
+        assert out == "kept\n0\n" and started(events)["container"] == "restarted"
+    os.kill(again.proc.pid, signal.SIGINT)  # Ctrl-C: the same clean shutdown
+    assert again.proc.wait(30) == 0
+    assert not sandbox_pids(again, "w")
