@@ -291,7 +291,10 @@ class Workspace:
         finally:
             self._launching.pop(rid, None)
             await writer.close()
-            await self._touch()  # the end of a command is activity too
+            try:
+                await self._touch()  # the end of a command is activity too
+            except Exception:  # the workspace may have been deleted (and its storage closed) meanwhile
+                log.debug("no idle push after exec %s", rid, exc_info=True)
 
     async def _op_reattach(self, args: dict, body: Any) -> Response:
         self._require()

@@ -144,6 +144,7 @@ class FakeContainer:
         self.snapshots: dict[str, dict[str, bytes]] = {}
         self.damaged: set[str] = set()
         self.starts: list = []
+        self.empty_starts: list[bool] = []
         self.start_gate: asyncio.Event | None = None
         self.start_error: ProtocolError | None = None
         self.unready_polls = 0  # /health answers 503 this many times after a start
@@ -169,6 +170,7 @@ class FakeContainer:
 
     async def start(self, spec) -> None:
         self.starts.append(spec)
+        self.empty_starts.append(spec.snapshot_id is None and self.disk is None)  # would start with no files
         if self.start_gate is not None:
             await self.start_gate.wait()
         if self.start_error is not None:
