@@ -252,8 +252,11 @@ class Workspace:
         if seen == CANCEL:
             self.clock.spawn(self._finish(writer, error_event("command_cancelled")))
             return response
-        await self._touch()
         self._launching[rid] = False
+        try:
+            await self._touch()
+        except Exception:  # the id is recorded: from here on the command must run, idle push or not
+            log.warning("idle push before exec %s failed", rid, exc_info=True)
         self.clock.spawn(self._run_exec(writer, request.to_json()))
         return response
 
