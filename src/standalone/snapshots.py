@@ -3,9 +3,9 @@
 Layout: `<root>/<namespace>/<workspace>/<id>.tar.zst` and `<id>.json`. The archive is written under a `.tmp-` name
 while its sha256 is computed from the same stream, fsynced and renamed; the manifest is written the same way and
 last, so it is the commit point: an archive without a manifest, or any `.tmp-` file, is a crash leftover that the
-store ignores and removes on startup. A restore streams the archive through sha256 into `zstd -d | tar -x` in a
-fresh directory next to the target and swaps it in only when the checksum matched, so a damaged snapshot never
-replaces anything.
+store ignores and removes on startup. A restore runs `zstd -d | tar -x` into a fresh
+directory next to the target while it hashes the archive in parallel, and swaps that directory in only when the
+checksum matched and both tools succeeded, so a damaged snapshot never replaces anything.
 
 GNU tar and zstd do the work (multithreaded zstd); Python only hashes and copies the compressed stream.
 """
@@ -309,36 +309,33 @@ class SnapshotStore:
         return manifest.info()
 
     def _extract(self, archive: Path, manifest: Manifest, staging: Path) -> None:
+        """`zstd -d | tar -x` into `staging` while this thread hashes the same archive in parallel (hashlib drops
+        the GIL); the caller only swaps `staging` in when the hash matched and both tools succeeded."""
         tar_cmd = ["tar", "-C", str(staging), "--numeric-owner", "-p", "--delay-directory-restore", "-xf", "-"]
         if _is_root():
             tar_cmd.insert(-2, "--same-owner")
         zstd_errf, tar_errf = tempfile.TemporaryFile(), tempfile.TemporaryFile()
-        zstd = subprocess.Popen(
-            ["zstd", "-d", "-q", "-c"], stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=zstd_errf
-        )
-        tar = subprocess.Popen(tar_cmd, stdin=zstd.stdout, stdout=subprocess.DEVNULL, stderr=tar_errf)
-        zstd.stdout.close()
         digest = hashlib.sha256()
-        broken = None
-        try:
-            with open(archive, "rb") as f:
-                while chunk := f.read(_CHUNK):
-                    digest.update(chunk)
-                    if broken is None:
-                        try:
-                            zstd.stdin.write(chunk)
-                        except BrokenPipeError:
-                            broken = "does not decompress"  # keep hashing: a checksum mismatch is the clearer error
-        finally:
+        with open(archive, "rb") as hashed, open(archive, "rb") as fed:
+            if os.fstat(hashed.fileno()).st_ino != os.fstat(fed.fileno()).st_ino:
+                raise self._damaged(manifest.id, "changed while being restored")
+            zstd = subprocess.Popen(["zstd", "-d", "-q", "-c"], stdin=fed, stdout=subprocess.PIPE, stderr=zstd_errf)
             try:
-                zstd.stdin.close()
-            except BrokenPipeError:
-                broken = broken or "does not decompress"
-            zstd_rc, tar_rc = zstd.wait(), tar.wait()
+                tar = subprocess.Popen(tar_cmd, stdin=zstd.stdout, stdout=subprocess.DEVNULL, stderr=tar_errf)
+            except BaseException:
+                zstd.kill()
+                zstd.wait()
+                raise
+            zstd.stdout.close()
+            try:
+                while chunk := hashed.read(_CHUNK):
+                    digest.update(chunk)
+            finally:
+                zstd_rc, tar_rc = zstd.wait(), tar.wait()
         zstd_err, tar_err = _read_tail_bytes(zstd_errf), _read_tail_bytes(tar_errf)
         if digest.hexdigest() != manifest.sha256:
             raise self._damaged(manifest.id, "failed its sha256 check")
-        if broken or zstd_rc != 0:
+        if zstd_rc != 0:
             raise self._damaged(manifest.id, f"does not decompress ({_tail(zstd_err, 200)})")
         if tar_rc != 0:
             if _is_disk_error(tar_err):
