@@ -69,7 +69,31 @@ class ApiError(FlareboxError):
 
 
 class TransportError(FlareboxError):
-    """The server could not be reached, or a response or stream broke off (the outcome of a call is unknown)."""
+    """The server could not be reached, or a response or stream broke off (the outcome of a call is unknown).
+    `connected` is False when no connection was made at all: then the request certainly did not arrive.
+    `reason` is a short description without the URL."""
+
+    def __init__(self, message: str, *, connected: bool = True, reason: str = ""):
+        super().__init__(message)
+        self.connected = connected
+        self.reason = reason or message
+
+
+# Plain words instead of httpx class names: Hermes treats any error text containing "timeout" as a timed-out
+# command (exit 124), which a dropped connection is not.
+_TRANSPORT_REASONS = (
+    (httpx.ConnectTimeout, "the server did not accept the connection in time"),
+    (httpx.ConnectError, "the server is unreachable (connection refused or no route)"),
+    (httpx.ReadTimeout, "the server stopped answering"),
+    (httpx.WriteTimeout, "sending to the server stalled"),
+    (httpx.PoolTimeout, "no free connection to the server"),
+)
+
+
+def _transport_error(what: str, exc: Exception) -> TransportError:
+    reason = next((text for kind, text in _TRANSPORT_REASONS if isinstance(exc, kind)), "the connection broke")
+    connected = not isinstance(exc, httpx.ConnectError | httpx.ConnectTimeout)
+    return TransportError(f"{what}: {reason}", connected=connected, reason=reason)
 
 
 class ProtocolViolation(FlareboxError):
@@ -206,7 +230,10 @@ def events_exactly_once(events: Iterator[dict], start_offset: int = 0) -> Iterat
             finished = True
         yield event
     if not finished:
-        raise TransportError("the stream ended before its terminal event; reattach to learn the outcome")
+        raise TransportError(
+            "the stream ended before its terminal event; reattach to learn the outcome",
+            reason="the stream ended before the command's outcome",
+        )
 
 
 class Client:
@@ -268,7 +295,7 @@ class Client:
         try:
             response = self._http.request(method, url, timeout=self._timeout(read_timeout), **kwargs)
         except httpx.TransportError as exc:
-            raise TransportError(f"{method} {_path(url)} failed: {type(exc).__name__}") from None
+            raise _transport_error(f"{method} {_path(url)} failed", exc) from None
         _raise_for_status(response, response.content[:MAX_ERROR_BODY_BYTES])
         return response
 
@@ -339,7 +366,7 @@ class Client:
                     raise ProtocolViolation(f"{method} {_path(url)} did not answer with an NDJSON stream")
                 yield from events_exactly_once(iter_ndjson(response.iter_raw()), offset)
         except httpx.TransportError as exc:
-            raise TransportError(f"{method} {_path(url)} broke off: {type(exc).__name__}") from None
+            raise _transport_error(f"{method} {_path(url)} broke off", exc) from None
 
     # --- files ----------------------------------------------------------------------------------------------
 
@@ -362,7 +389,7 @@ class Client:
                     raise ApiError(413, "file_too_large", f"the file is {size} bytes, over the {max_bytes}-byte limit")
                 return _copy_to(response.iter_raw(COPY_CHUNK), dest, size)
         except httpx.TransportError as exc:
-            raise TransportError(f"GET {_path(url)} broke off: {type(exc).__name__}") from None
+            raise _transport_error(f"GET {_path(url)} broke off", exc) from None
 
     def write_file(self, ns: str, ws: str, path: str, data: bytes | IO[bytes], mode: int | str | None = None) -> dict:
         """Write bytes (or a binary file object, streamed from its current position) to `path` atomically."""

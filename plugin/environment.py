@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import logging
 import posixpath
+import re
 import threading
 import uuid
 from pathlib import Path
@@ -35,6 +36,12 @@ RETRY_HINT = (
     "have run: check the workspace state before repeating anything with side effects. Retry once the server at "
     "{endpoint} is reachable; the next command reconnects by itself."
 )
+
+
+def hermes_safe(text: str) -> str:
+    """Hermes reports any backend error whose text contains "timeout" as a timed-out command (exit 124); an
+    infrastructure failure such as startup_timeout is not one, so spell it so that rule cannot misfire."""
+    return re.sub("timeout", "time-out", text, flags=re.IGNORECASE)
 
 
 class CloudflareSandboxEnvironment(BaseEnvironment):
@@ -77,13 +84,13 @@ class CloudflareSandboxEnvironment(BaseEnvironment):
             if exc.code == "config_conflict":
                 hint = " (it exists with another image, instance or persistence: pick another HERMES_CF_WORKSPACE)"
             raise EnvironmentConnectionError(
-                f"Flarebox refused workspace {workspace}: {exc.code}: {exc.message}{hint}",
+                hermes_safe(f"Flarebox refused workspace {workspace}: {exc.code}: {exc.message}{hint}"),
                 retry_hint=self._hint(),
             ) from None
         except TransportError as exc:
             self._give_up()
             raise EnvironmentConnectionError(
-                f"cannot reach the Flarebox server: {exc}", retry_hint=self._hint()
+                f"cannot reach the Flarebox server: {exc.reason}", retry_hint=self._hint()
             ) from None
         if probe:
             # The prompt probe runs one `uname` with a 4 s budget, then force-removes us: skip the session
@@ -119,7 +126,7 @@ class CloudflareSandboxEnvironment(BaseEnvironment):
             if getattr(self, "_init_failure", "unset") is None:
                 self._init_failure = error  # init_session swallows exceptions; __init__ re-raises this
             self._degraded = True
-            raise EnvironmentConnectionError(error, retry_hint=self._hint())
+            raise EnvironmentConnectionError(hermes_safe(error), retry_hint=self._hint())
         return result
 
     def fetch_file(self, remote_path: str, local_dest: Path, *, max_bytes: int) -> None:

@@ -157,10 +157,14 @@ class RemoteProcess:
         failures = 0
         busy_deadline = time.monotonic() + BUSY_RETRY_SECONDS
         request = None
+        sent = False
         while True:
             try:
                 if request is None:
                     request = self._build_request()
+                    sent = False
+                if offset is None:
+                    sent = True  # from here on the server may have it: only reattach can tell
                 events = self._run_fn(request, offset)
                 for event in events:
                     kind = event["type"]
@@ -178,6 +182,8 @@ class RemoteProcess:
                         return self._on_error_event(event)
                 return None  # not reached: the client raises if a stream ends without its terminal event
             except ApiError as exc:
+                if offset is None and exc.code == "workspace_busy" and self._killed_at is not None:
+                    return CANCELLED_EXIT_CODE  # killed while waiting for the workspace: never send it again
                 if offset is None and exc.code == "workspace_busy" and time.monotonic() < busy_deadline:
                     # Rejected before anything ran: safe to send again under a fresh id.
                     self.request_id = uuid.uuid4().hex
@@ -192,10 +198,15 @@ class RemoteProcess:
                 # The stream broke off: reattach by request id from the last offset, so the real outcome is
                 # reported instead of a guess. A command that never reached the server answers 404.
                 failures += 1
-                if failures > REATTACH_ATTEMPTS:
-                    self._fail("transport", f"lost the connection to the Flarebox server ({exc})")
+                if offset is None and not exc.connected:
+                    self._fail("transport", f"cannot reach the Flarebox server: {exc.reason}; the command did not run")
                     return None
-                if offset is None:
+                if failures > REATTACH_ATTEMPTS:
+                    self._fail("transport", f"lost the connection to the Flarebox server: {exc.reason}")
+                    return None
+                if request is None:
+                    pass  # staging stdin failed: the command was not sent; stage again
+                elif offset is None and sent:
                     offset = 0  # maybe it started; reattach tells (request_not_found if not)
                 time.sleep(min(0.25 * 2**failures, 2.0))
             except FlareboxError as exc:  # ProtocolViolation: the server or a proxy broke the protocol
