@@ -1,7 +1,8 @@
 """The supervisor's commands by request id, cancels that arrived before their exec, and journal retention.
 
-Finished commands are kept for JOURNAL_KEEP_SECONDS after their end and at most JOURNAL_MAX_REQUESTS of them (the
-oldest go first); running commands are never dropped. Early cancels are bounded the same way.
+Finished commands are kept for JOURNAL_KEEP_SECONDS after their end, at most JOURNAL_MAX_REQUESTS of them and at
+most journal_budget_chars of output in all (the oldest go first); running commands are never dropped. Early cancels
+are bounded by count and age the same way.
 """
 
 import time
@@ -60,10 +61,13 @@ class Registry:
         keep = self.settings.journal_keep_seconds
         ended = [(rid, c) for rid, c in self._commands.items() if c.journal.ended_at is not None]
         excess = len(self._commands) - self.settings.journal_max_requests
+        stored = sum(c.journal.size for c in self._commands.values())
         for rid, command in ended:  # insertion order ≈ oldest first
-            if excess > 0 or now - command.journal.ended_at > keep:
+            too_old = now - command.journal.ended_at > keep
+            if excess > 0 or too_old or stored > self.settings.journal_budget_chars:
                 del self._commands[rid]
                 excess -= 1
+                stored -= command.journal.size
         for rid, at in list(self._pending.items()):
             if now - at > keep:
                 del self._pending[rid]

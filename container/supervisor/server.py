@@ -52,6 +52,8 @@ async def health(request: web.Request) -> web.Response:
 
 
 async def _read_json(request: web.Request) -> dict:
+    if request.content_type != "application/json":  # parameters such as charset are allowed, as on the public API
+        raise ProtocolError("unsupported_media_type")
     if request.content_length is not None and request.content_length > MAX_BODY_BYTES:
         raise ProtocolError("payload_too_large")
     return parse_json_object(await request.read())  # over client_max_size: HTTP 413 → payload_too_large

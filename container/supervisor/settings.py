@@ -22,6 +22,9 @@ class Settings:
     drain_max_seconds: float = limits.DRAIN_MAX_SECONDS
     journal_max_requests: int = limits.JOURNAL_MAX_REQUESTS
     journal_keep_seconds: float = limits.JOURNAL_KEEP_SECONDS
+    # Memory bound for kept journals (code points over all finished commands), so 256 journals of 2,000,000 code
+    # points each cannot exhaust a small instance; the oldest finished journals go first.
+    journal_budget_chars: int = 32_000_000
 
 
 def _positive(environ: dict, name: str, default: float, cap: float | None = None) -> float:

@@ -26,3 +26,9 @@ def supervisor_factory(tmp_path):
     yield start
     for gen in started:
         gen.close()
+
+
+@pytest.fixture(scope="module")
+def shared_supervisor(tmp_path_factory):
+    """One supervisor for a module of tests that leave nothing running behind (e.g. requests that are refused)."""
+    yield from start_supervisor(tmp_path_factory.mktemp("shared"))

@@ -44,12 +44,24 @@ CASES = [
 
 
 @pytest.mark.parametrize("body,status,code", CASES, ids=[c[2] + str(i) for i, c in enumerate(CASES)])
-def test_bad_exec_request(supervisor, body, status, code):
+def test_bad_exec_request(shared_supervisor, body, status, code):
+    supervisor = shared_supervisor
     response = supervisor.post_exec(body)
     assert response.status_code == status
     assert response.json()["error"]["code"] == code
     assert not (supervisor.workspace / "ran").exists()
     assert supervisor.client.get("/health").json()["running"] == 0
+
+
+def test_exec_needs_a_json_content_type(shared_supervisor):
+    body = json.dumps(_body()).encode()
+    response = shared_supervisor.client.post("/exec", content=body, headers={"Content-Type": "text/plain"})
+    assert response.status_code == 415 and response.json()["error"]["code"] == "unsupported_media_type"
+    assert not (shared_supervisor.workspace / "ran").exists()
+    body = json.dumps(_body(command="true")).encode()
+    response = shared_supervisor.client.post("/exec", content=body,
+                                             headers={"Content-Type": "application/json; charset=utf-8"})
+    assert response.status_code == 200 and json.loads(response.text.splitlines()[-1])["exit_code"] == 0
 
 
 def test_unknown_route_and_method(supervisor):
