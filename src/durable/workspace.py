@@ -345,7 +345,9 @@ class Workspace:
             await self._forward_cancel(rid)  # and in case the hand-over is under way right now
             state = "cancelled"
         elif self.ledger.lookup(rid) == EXEC:
-            state = await self._forward_cancel(rid) or "finished"
+            # handed over already (or ended before it could be): a supervisor that never saw it means it is over
+            forwarded = await self._forward_cancel(rid)
+            state = "cancelled" if forwarded == "cancelled" else "finished"
         else:
             self.ledger.record_cancel(rid)
             state = "pending"

@@ -672,3 +672,15 @@ async def test_a_checkpoint_still_happens_while_a_long_command_keeps_the_workspa
     assert env.alarm.at_ms > env.clock.now_ms()
     env.container.release(rid(1))
     await env.clock.drain()
+
+
+async def test_cancel_is_idempotent_and_reports_finished_commands(env):
+    await env.put()
+    assert body(await env.call("cancel", {"request_id": rid(8)}))["state"] == "pending"
+    assert body(await env.call("cancel", {"request_id": rid(8)}))["state"] == "pending"
+    await env.run(request_id=rid(8))  # ends command_cancelled without reaching the supervisor
+    await env.run(request_id=rid(9))
+    assert body(await env.call("cancel", {"request_id": rid(8)}))["state"] == "finished"
+    assert body(await env.call("cancel", {"request_id": rid(9)}))["state"] == "finished"
+    env.container.crash()
+    assert body(await env.call("cancel", {"request_id": rid(9)}))["state"] == "finished"
