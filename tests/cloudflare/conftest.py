@@ -85,6 +85,8 @@ def harness():
         "HARNESS_STATE": state,
         "HARNESS_VARS": json.dumps(vars_),
         "HARNESS_PYTHON": sys.executable,
+        # the sandbox's /tmp is its own: a checkout or virtualenv living under /tmp is bound in explicitly
+        "HARNESS_BINDS": json.dumps(sorted({str(REPO), sys.prefix, sys.base_prefix})),
         "HARNESS_PORT": "0",
     }
     proc = subprocess.Popen(

@@ -11,6 +11,7 @@
 //   HARNESS_ROOT    the repository (src/, python_modules/)       HARNESS_STATE  a scratch directory
 //   HARNESS_VARS    JSON: the Worker's vars and secrets          HARNESS_PORT   listen port (0: any)
 //   HARNESS_PYTHON  interpreter for the supervisor (has flarebox_supervisor and aiohttp)
+//   HARNESS_BINDS   JSON list of host paths the sandbox must see (the checkout, the interpreter's prefixes)
 // Prints "HARNESS READY <port>" once serving. Test-only routes live under /__harness/ (see `admin` below).
 
 import { spawn } from "node:child_process";
@@ -27,6 +28,7 @@ const STATE = path.resolve(process.env.HARNESS_STATE);
 const VARS = JSON.parse(process.env.HARNESS_VARS || "{}");
 const PYTHON = process.env.HARNESS_PYTHON || "python3";
 const PORT = Number(process.env.HARNESS_PORT || 0);
+const BINDS = JSON.parse(process.env.HARNESS_BINDS || "[]"); // host paths the sandbox needs (may be under /tmp)
 const SUPERVISOR_PORT = 8080;
 const IMAGES = { hermes: "registry.cloudflare.com/harness/hermes@sha256:" + "0".repeat(64) };
 const INSTANCE_TYPES = new Set(["lite", "standard-1", "standard-2", "standard-3", "standard-4"]);
@@ -210,6 +212,7 @@ class Container {
       "--unshare-pid", "--unshare-ipc", "--unshare-uts", "--hostname", "container",
       ...(o.enableInternet ? [] : ["--unshare-net"]),
       ...hostRoot(), "--dev", "/dev", "--proc", "/proc", "--tmpfs", "/tmp",
+      ...BINDS.flatMap((p) => ["--ro-bind", p, p]), // the supervisor's code and interpreter, wherever they live
       "--bind", path.join(dir, "workspace"), "/workspace", "--bind", path.join(dir, "run"), "/run/flarebox",
       "--chdir", "/workspace", "--clearenv",
       "--setenv", "PATH", "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
