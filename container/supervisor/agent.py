@@ -62,19 +62,28 @@ class FileAgent:
         request = json.dumps({"op": op, "args": args}).encode()
         with self._lock:
             try:
-                self._sock.send(request)
-                message, fds, _flags, _addr = socket.recv_fds(self._sock, _MAX_MESSAGE, 1)
-                if not message:
-                    raise ConnectionError("file agent closed its socket")
+                message, fds = self._exchange(request)
             except OSError:
-                self._respawn()  # the agent died; the next operation gets a fresh one
-                raise ProtocolError("internal_error", "the file agent failed; retry") from None
+                # The agent died (the sandbox user may kill it: it runs as that user). Every operation is safe to
+                # repeat, so start a fresh agent and try once more.
+                self._respawn()
+                try:
+                    message, fds = self._exchange(request)
+                except OSError:
+                    raise ProtocolError("internal_error", "the file agent failed") from None
         reply = json.loads(message)
         if "error" in reply:
             for fd in fds:
                 os.close(fd)
             raise ProtocolError(reply["error"], reply["message"])
         return reply["result"], (fds[0] if fds else None)
+
+    def _exchange(self, request: bytes) -> tuple[bytes, list[int]]:
+        self._sock.send(request)
+        message, fds, _flags, _addr = socket.recv_fds(self._sock, _MAX_MESSAGE, 1)
+        if not message:
+            raise ConnectionError("file agent closed its socket")
+        return message, fds
 
     def _respawn(self) -> None:
         self.close()

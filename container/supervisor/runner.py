@@ -59,9 +59,10 @@ class Command:
                 close_fds=True,
                 **as_user,
             )
-        except OSError as exc:
+        except (OSError, subprocess.SubprocessError) as exc:
             os.close(read_fd)
-            raise ProtocolError("exec_failed", f"the command could not be started: {exc.strerror}") from None
+            reason = getattr(exc, "strerror", None) or type(exc).__name__
+            raise ProtocolError("exec_failed", f"the command could not be started: {reason}") from None
         finally:
             os.close(write_fd)
         self.started_at = time.monotonic()

@@ -150,3 +150,28 @@ def test_symlink_cannot_reach_beyond_the_sandbox_user(supervisor, root_only_dir)
     assert _put(supervisor, ws / "link", b"mine").status_code == 200
     assert secret.read_text() == "root only"
     assert (ws / "link").read_bytes() == b"mine" and not (ws / "link").is_symlink()
+
+
+@needs_root
+def test_a_killed_file_agent_is_replaced(supervisor):
+    # the agent runs as the sandbox user, so that user can kill it; file access must keep working
+    agents = [pid for pid in _children(supervisor.process.pid) if os.stat(f"/proc/{pid}").st_uid == supervisor.uid]
+    assert len(agents) == 1
+    os.kill(agents[0], 9)
+    (supervisor.workspace / "f").write_bytes(b"still readable")
+    response = supervisor.client.get("/files", params={"path": str(supervisor.workspace / "f")})
+    assert response.status_code == 200 and response.content == b"still readable"
+    assert _put(supervisor, supervisor.workspace / "g", b"and writable").status_code == 200
+
+
+def _children(ppid: int) -> list[int]:
+    children = []
+    for name in os.listdir("/proc"):
+        if name.isdigit():
+            try:
+                stat_line = Path(f"/proc/{name}/stat").read_bytes()
+            except OSError:
+                continue
+            if int(stat_line[stat_line.rfind(b")") + 2 :].split(b" ")[1]) == ppid:
+                children.append(int(name))
+    return children
