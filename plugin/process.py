@@ -180,7 +180,8 @@ class RemoteProcess:
                         return event["exit_code"]
                     elif kind == "error":
                         return self._on_error_event(event)
-                return None  # not reached: the client raises if a stream ends without its terminal event
+                # The client raises this itself when a stream ends early; other run_fns may just stop.
+                raise TransportError("the stream ended before its terminal event", reason="the stream ended early")
             except ApiError as exc:
                 if offset is None and exc.code == "workspace_busy" and self._killed_at is not None:
                     return CANCELLED_EXIT_CODE  # killed while waiting for the workspace: never send it again

@@ -6,7 +6,8 @@ terminal.container_persistent true — every other setting is kept (the first ch
 round trip drops comments). Running it again changes nothing.
 
 Credentials are written to $HERMES_HOME/.env (mode 0600) only when asked: --endpoint URL sets HERMES_CF_ENDPOINT,
---token-from-data-dir [DIR] copies the local `flarebox serve` token into HERMES_CF_TOKEN (it is never printed).
+--token-from-data-dir [DIR] copies the local `flarebox serve` token into HERMES_CF_TOKEN (it is never printed)
+and, unless an endpoint is given or already set, points HERMES_CF_ENDPOINT at the local server.
 Without them the user sets both in .env themselves, as for a Cloudflare deployment.
 """
 
@@ -91,6 +92,13 @@ def update_config(home: Path) -> bool:
     return True
 
 
+def read_env_keys(home: Path) -> set[str]:
+    path = home / ".env"
+    if not path.exists():
+        return set()
+    return {line.split("=", 1)[0].strip() for line in path.read_text(encoding="utf-8").splitlines() if "=" in line}
+
+
 def update_env_file(home: Path, values: dict[str, str]) -> None:
     """Set KEY=value lines in $HERMES_HOME/.env, keeping every other line; the file stays 0600."""
     path = home / ".env"
@@ -161,7 +169,8 @@ def main(argv: list[str] | None = None) -> int:
             )
             return 2
         env_values["HERMES_CF_TOKEN"] = token
-        env_values.setdefault("HERMES_CF_ENDPOINT", LOCAL_ENDPOINT)
+        if "HERMES_CF_ENDPOINT" not in env_values and "HERMES_CF_ENDPOINT" not in read_env_keys(home):
+            env_values["HERMES_CF_ENDPOINT"] = LOCAL_ENDPOINT  # the token belongs to the local server
     target = install_plugin(home)
     print(f"installed the plugin into {target}")
     if not args.no_config:
