@@ -29,13 +29,21 @@ class _Readable:
 
     async def __anext__(self) -> bytes:
         sink = self._sink
-        if sink.reader_gone:
+        if sink.reader_gone or sink.eof_seen:
             raise StopAsyncIteration
         item = await sink.queue.get()
         if item is _EOF:
             sink.reader_gone = True
             raise StopAsyncIteration
-        return item
+        # coalesce what is already queued into one chunk: fewer sends and TCP segments for bursts of small events
+        parts = [item]
+        while not sink.queue.empty():
+            more = sink.queue.get_nowait()
+            if more is _EOF:
+                sink.eof_seen = True
+                break
+            parts.append(more)
+        return parts[0] if len(parts) == 1 else b"".join(parts)
 
     async def aclose(self) -> None:
         """The server stopped sending (client disconnected or response done): release any blocked writer."""
@@ -47,6 +55,7 @@ class QueueSink:
     def __init__(self, maxsize: int = QUEUE_CHUNKS):
         self.queue: asyncio.Queue = asyncio.Queue(maxsize)
         self.reader_gone = False
+        self.eof_seen = False  # EOF taken off the queue while coalescing; the next read ends the stream
         self.closed = False
         self.readable = _Readable(self)
 

@@ -97,7 +97,7 @@ async def test_stream_backpressure_and_dead_reader_stop_the_writer():
     blocked = asyncio.ensure_future(sink.write(b"c"))
     await asyncio.sleep(0.05)
     assert not blocked.done()  # bounded: the writer waits for the reader
-    assert await sink.readable.__anext__() == b"a"
+    assert await sink.readable.__anext__() == b"ab"  # what was queued comes out as one chunk
     await asyncio.wait_for(blocked, 2)
     await sink.readable.aclose()  # the client went away
     with pytest.raises(StreamClosed):
@@ -120,6 +120,12 @@ async def test_pipe_from_reports_abnormal_end_as_container_gone_and_stops_for_de
         while True:
             produced.append(1)
             yield b"y" * 10
+
+    ended = QueueSink()
+    await ended.write(b"1")
+    await ended.write(b"2")
+    await ended.close()
+    assert [chunk async for chunk in ended.readable] == [b"12"]  # coalesced, and the end is not lost
 
     gone = QueueSink(maxsize=1)
     await gone.readable.aclose()
