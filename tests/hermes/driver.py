@@ -301,6 +301,31 @@ def s_cleanup(args):
     return out
 
 
+def s_bench(args):
+    """Timings for bench/bench_hermes.py: terminal_tool("true") and a 1 MB write_file_tool, on whichever backend
+    config.yaml selects (the plugin, or Hermes' local backend for the baseline)."""
+    discover()
+    from tools.file_tools import write_file_tool
+
+    repeat, directory = int(args.get("repeat", 20)), args["dir"]
+    payload = ("0123456789abcdef" * 64 + "\n") * 1000  # ~1 MB of text
+    for _ in range(3):  # warm: environment built, session snapshot taken, connections open
+        assert terminal("true")["exit_code"] == 0
+        assert "error" not in json.loads(write_file_tool(f"{directory}/warm.txt", payload))
+    true_times, write_times = [], []
+    for i in range(repeat):
+        started = time.perf_counter()
+        result = terminal("true")
+        true_times.append(time.perf_counter() - started)
+        assert result["exit_code"] == 0, result
+        started = time.perf_counter()
+        written = json.loads(write_file_tool(f"{directory}/bench-{i}.txt", payload))
+        write_times.append(time.perf_counter() - started)
+        assert written.get("bytes_written") == len(payload.encode()), written
+    cleanup_all()
+    return {"terminal_true": true_times, "write_1mb": write_times, "bytes": len(payload.encode())}
+
+
 # --- scenarios on hermes-agent 0.19.0 (no provider plugins: BaseEnvironment level) -------------------------
 
 
