@@ -125,7 +125,7 @@ def test_the_token_never_reaches_the_container(harness, client):
 def test_slow_boot_sends_status_events_and_heartbeats(harness, client):
     name = "slow-boot"
     create(client, name)
-    harness.knobs(startDelayMs=11_500)  # a cold start longer than the 10 s heartbeat interval
+    harness.knobs(startDelayMs=13_000)  # a cold start longer than the 10 s heartbeat interval
     try:
         events = run_exec(client, name, "echo up")
     finally:
@@ -141,7 +141,7 @@ def test_slow_boot_sends_status_events_and_heartbeats(harness, client):
 def test_concurrent_requests_share_one_container_start(harness, client):
     name = "shared-boot"
     create(client, name)
-    harness.knobs(startDelayMs=1500)
+    harness.knobs(startDelayMs=3000)  # all three arrive while the one start is under way
     try:
         with ThreadPoolExecutor(3) as pool:
             results = list(pool.map(lambda i: run_exec(client, name, f"echo run{i}"), range(3)))
@@ -213,6 +213,8 @@ def test_idle_alarm_snapshots_stops_and_the_next_exec_restores(harness, client):
     started = next(e for e in events if e["type"] == "started")
     assert started["container"] == "restored" and started["snapshot"]["id"] == snapshot_id
     assert output_of(events) == "kept\n"
+    listed = client.get(ws_path(name) + "/snapshots").json()["snapshots"]
+    assert [s["id"] for s in listed] == [snapshot_id]
     restore = harness.calls(key, "container.start")[-1]
     assert restore["containerSnapshot"] == snapshot_id and restore["image"] is None
 
@@ -307,8 +309,13 @@ def test_requests_in_flight_do_not_block_each_other(harness, client):
 
     with ThreadPoolExecutor(1) as pool:
         pending = pool.submit(long_running)
-        # while that command holds its stream open, a status read and a second command still get through
-        assert client.get(ws_path(name)).json()["busy"] in (True, False)
+        # while that command holds its stream open, status reads and a second command still get through
+        for _ in range(600):
+            if client.get(ws_path(name)).json()["busy"]:
+                break
+            threading.Event().wait(0.05)
+        else:
+            pytest.fail("the workspace never reported the running command as busy")
         assert output_of(run_exec(client, name, "echo beside")) == "beside\n"
         assert not gate.is_set()
         assert run_exec(client, name, "touch /workspace/release")[-1]["exit_code"] == 0
@@ -325,3 +332,18 @@ def test_non_ascii_survives_worker_object_and_container(harness, client):
     assert put.status_code == 200 and put.json()["path"] == path
     got = client.get(ws_path(name) + "/files", params={"path": path})
     assert got.content.decode() == "données"
+
+
+def test_reattach_replays_a_finished_command(harness, client):
+    name = "reattach"
+    create(client, name)
+    body = exec_body("printf 'a\\nb\\n'; exit 3")
+    with client.stream("POST", ws_path(name) + "/exec", json=body) as resp:
+        first = [json.loads(line) for line in resp.iter_lines() if line.strip()]
+    assert output_of(first) == "a\nb\n" and first[-1]["exit_code"] == 3
+    replay = client.get(ws_path(name) + f"/exec/{body['request_id']}", params={"offset": 2})
+    assert replay.status_code == 200
+    events = [json.loads(line) for line in replay.text.splitlines() if line.strip()]
+    assert output_of(events) == "b\n" and events[-1]["type"] == "exit" and events[-1]["exit_code"] == 3
+    again = client.post(ws_path(name) + "/exec", json=body)
+    assert again.status_code == 409 and again.json()["error"]["code"] == "duplicate_request"
