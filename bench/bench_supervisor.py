@@ -26,7 +26,7 @@ from pathlib import Path
 
 import httpx
 
-from bench.framework import figure, percentile, timed
+from bench.framework import figure, percentile, timed_pair
 
 STREAM_CHARS = 2_000_000
 STREAM_COMMAND = f"head -c {STREAM_CHARS} /dev/zero | tr '\\0' a"
@@ -79,8 +79,8 @@ def _exec(client: httpx.Client, command: str) -> list[dict]:
 
 
 def _exec_round_trip(client, repeat: int) -> list[dict]:
-    ours = timed(lambda: _exec(client, "true"), repeat, warmup=10)
-    bare = timed(lambda: subprocess.run(["bash", "-c", "true"], check=True), repeat, warmup=10)
+    ours, bare = timed_pair(lambda: _exec(client, "true"), lambda: subprocess.run(["bash", "-c", "true"], check=True),
+                            repeat, warmup=10)
     return [
         figure("exec `true` round trip p50", percentile(ours, 50) * 1000, "ms", "subprocess.run bash -c true p50",
                percentile(bare, 50) * 1000, goal=1.5),
@@ -98,8 +98,8 @@ def _stream(client, repeat: int) -> list[dict]:
         out = subprocess.run(["bash", "-c", STREAM_COMMAND], stdout=subprocess.PIPE, check=True).stdout
         assert len(out.decode()) == STREAM_CHARS
 
-    ours_s = statistics.median(timed(ours, repeat, warmup=2))
-    bare_s = statistics.median(timed(bare, repeat, warmup=2))
+    ours_samples, bare_samples = timed_pair(ours, bare, repeat, warmup=2)
+    ours_s, bare_s = statistics.median(ours_samples), statistics.median(bare_samples)
     return [figure("stream 2,000,000 chars (median)", ours_s * 1000, "ms", "bash -c … | bare pipe read",
                    bare_s * 1000, goal=2.0)]
 
@@ -134,9 +134,10 @@ def _files(client, workspace: Path, size: int, repeat: int) -> list[dict]:
         def copy() -> None:
             shutil.copyfile(source, local / "copy.bin")
 
-        put_s = statistics.median(timed(put, repeat, warmup=1))
-        get_s = statistics.median(timed(get, repeat, warmup=1))
-        copy_s = statistics.median(timed(copy, repeat, warmup=1))
+        put_samples, copy_samples = timed_pair(put, copy, repeat, warmup=1)
+        get_samples, more_copies = timed_pair(get, copy, repeat)
+        put_s, get_s = statistics.median(put_samples), statistics.median(get_samples)
+        copy_s = statistics.median(copy_samples + more_copies)
         assert hashlib.sha256((local / "fetched.bin").read_bytes()).hexdigest() == digest
     finally:
         shutil.rmtree(local, ignore_errors=True)

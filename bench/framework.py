@@ -51,6 +51,21 @@ def timed(fn: Callable[[], object], repeat: int, warmup: int = 0) -> list[float]
     return samples
 
 
+def timed_pair(ours: Callable[[], object], baseline: Callable[[], object], repeat: int,
+               warmup: int = 0) -> tuple[list[float], list[float]]:
+    """Time two alternatives interleaved (A, B, A, B, …) so that load changing during the run hits both alike."""
+    for _ in range(warmup):
+        ours()
+        baseline()
+    a, b = [], []
+    for _ in range(repeat):
+        for fn, samples in ((ours, a), (baseline, b)):
+            start = time.perf_counter()
+            fn()
+            samples.append(time.perf_counter() - start)
+    return a, b
+
+
 def _fmt(value) -> str:
     if value is None:
         return "—"
