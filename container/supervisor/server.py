@@ -62,9 +62,12 @@ async def _read_json(request: web.Request) -> dict:
 async def _stream(request: web.Request, journal: Journal, offset: int) -> web.StreamResponse:
     response = web.StreamResponse(headers={"Content-Type": "application/x-ndjson", "Cache-Control": "no-store"})
     await response.prepare(request)
-    async for chunk in follow(journal, offset, request.app["settings"].heartbeat_seconds):
-        await response.write(chunk)
-    await response.write_eof()
+    try:
+        async for chunk in follow(journal, offset, request.app["settings"].heartbeat_seconds):
+            await response.write(chunk)
+        await response.write_eof()
+    except ConnectionResetError:
+        pass  # the client went away; the command keeps running and can be reattached by its request id
     return response
 
 

@@ -88,3 +88,16 @@ async def test_ten_concurrent_commands_one_long(supervisor):
         assert events[-1]["exit_code"] == 0
     assert long_events[-1]["exit_code"] == 0
     assert "".join(e["data"] for e in long_events if e["type"] == "output") == "long\n"
+
+
+def test_a_dropped_stream_loses_nothing(supervisor, tmp_path):
+    request_id = new_id()
+    body = {"request_id": request_id, "command": "echo one; while [ ! -e release ]; do sleep 0.05; done; echo two"}
+    with supervisor.stream("POST", "/exec", json=body) as live:
+        first = json.loads(next(live.iter_lines()))
+    # the client hung up mid-command; the command goes on
+    (supervisor.workspace / "release").touch()
+    replay = parse_ndjson(supervisor.client.get(f"/exec/{request_id}", params={"offset": len(first["data"])}).text)
+    assert "".join(e["data"] for e in replay if e["type"] == "output") == "two\n"
+    assert replay[-1]["type"] == "exit" and replay[-1]["exit_code"] == 0
+    assert "Traceback" not in (tmp_path / "supervisor.log").read_text()
