@@ -7,7 +7,9 @@ handler may set the next one); a handler that raises is retried with backoff. A 
 
 import asyncio
 import logging
+import sqlite3
 from collections.abc import Awaitable, Callable
+from pathlib import Path
 
 from standalone.clock import AsyncioClock
 from standalone.storage import SqliteStorage
@@ -81,3 +83,18 @@ class PersistentAlarm:
                 retry_at = self._clock.now_ms() + RETRY_DELAYS_S[attempt] * 1000
                 self._storage.sql(f"INSERT OR REPLACE INTO {_TABLE} (id, at_ms) VALUES (1, ?)", retry_at)
                 self._schedule(retry_at, attempt + 1)
+
+
+def persisted_alarm_at(db_path: Path) -> int | None:
+    """The alarm stored in a workspace's SQLite file, read without loading the workspace (server start)."""
+    try:
+        db = sqlite3.connect(f"file:{db_path}?mode=ro", uri=True)
+    except sqlite3.Error:
+        return None
+    try:
+        rows = db.execute(f"SELECT at_ms FROM {_TABLE} WHERE id = 1").fetchall()  # noqa: S608 - fixed name
+    except sqlite3.Error:
+        return None  # no alarm table yet: never armed
+    finally:
+        db.close()
+    return rows[0][0] if rows else None

@@ -9,6 +9,7 @@ but their files stay, so the next exec reports `container: restarted`.
 """
 
 import asyncio
+import contextlib
 import logging
 import shutil
 from collections.abc import Callable
@@ -18,7 +19,7 @@ from typing import Any
 
 from durable.ports import Container, Response
 from durable.settings import Settings
-from standalone.alarms import PersistentAlarm
+from standalone.alarms import PersistentAlarm, persisted_alarm_at
 from standalone.clock import AsyncioClock
 from standalone.storage import SqliteStorage
 from standalone.streams import QueueStreams
@@ -155,6 +156,8 @@ class WorkspaceRegistry:
         entry.alarm.close()
         entry.storage.close()
         shutil.rmtree(entry.directory, ignore_errors=True)
+        with contextlib.suppress(OSError):
+            entry.directory.parent.rmdir()  # the namespace directory, once it holds no workspace
         log.debug("forgot workspace object %s/%s", entry.namespace, entry.name)
 
     # --- server start and stop -------------------------------------------------------------------------------
@@ -164,10 +167,13 @@ class WorkspaceRegistry:
         return sorted((p.parent.parent.name, p.parent.name) for p in root.glob(f"*/*/{STATE_FILE}"))
 
     def rearm_alarms(self) -> int:
-        """Re-arm the persisted alarm of every workspace on disk (server start). Returns how many were armed."""
+        """Re-arm the persisted alarm of every workspace on disk (server start); only workspaces with an alarm are
+        loaded. Returns how many were armed."""
         armed = 0
         for namespace, name in self.known_workspaces():
             try:
+                if persisted_alarm_at(self.workspace_dir(namespace, name) / STATE_FILE) is None:
+                    continue
                 if self.entry(namespace, name).alarm.rearm():
                     armed += 1
             except Exception:

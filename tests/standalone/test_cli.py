@@ -85,3 +85,12 @@ def test_ctrl_c_cancels_the_command_on_the_server(server):
     wait_until(
         lambda: json.loads(flarebox(server, "status", "clicancel").stdout)["busy"] is False, 15, what="busy=false"
     )
+
+
+def test_hermes_install_subcommand_installs_the_plugin(tmp_path):
+    result = subprocess.run(
+        flarebox_command() + ["hermes", "install", "--hermes-home", str(tmp_path / "hermes")],
+        capture_output=True, text=True, timeout=60,
+    )
+    assert result.returncode == 0, result.stderr
+    assert (tmp_path / "hermes" / "plugins" / "cloudflare-sandbox" / "plugin.yaml").is_file()
