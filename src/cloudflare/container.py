@@ -68,6 +68,11 @@ class CloudflareContainer:
         return False  # a Cloudflare container's disk dies with it; only a snapshot brings files back
 
     async def start(self, spec: StartSpec) -> None:
+        if self.running():
+            # The workspace starts only a container it considers gone; one still running here was left by a boot
+            # an eviction interrupted. start() would throw on it, so it goes first.
+            log.warning("a stale container is still running; destroying it before the start")
+            await self.destroy()
         options: dict[str, Any] = {
             "instance": spec.instance,
             "env": dict(spec.env),

@@ -52,6 +52,10 @@ class Harness:
     def crash(self, object_name: str) -> None:
         self.admin.post("/__harness/crash", params={"object": object_name}).raise_for_status()
 
+    def orphan(self, object_name: str) -> None:
+        """Start a container behind the object's back."""
+        self.admin.post("/__harness/orphan", params={"object": object_name}).raise_for_status()
+
     def evict(self, object_name: str) -> None:
         self.admin.post("/__harness/evict", params={"object": object_name}).raise_for_status()
 

@@ -491,6 +491,11 @@ async function admin(url, req) {
     object.container.crash();
     return json({ crashed: true });
   }
+  if (url.pathname === "/__harness/orphan") {
+    // A container the object does not know about (left running by a boot an eviction interrupted).
+    object.container.start({ image: IMAGES.hermes, enableInternet: true });
+    return json({ started: true });
+  }
   if (url.pathname === "/__harness/evict") {
     record("harness.evict", name);
     object.instance = null;

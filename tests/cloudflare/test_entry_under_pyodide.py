@@ -347,3 +347,18 @@ def test_reattach_replays_a_finished_command(harness, client):
     assert output_of(events) == "b\n" and events[-1]["type"] == "exit" and events[-1]["exit_code"] == 3
     again = client.post(ws_path(name) + "/exec", json=body)
     assert again.status_code == 409 and again.json()["error"]["code"] == "duplicate_request"
+
+
+def test_a_stale_running_container_is_replaced_not_reused(harness, client):
+    name = "stale"
+    key = f"{NS}/{name}"
+    create(client, name)
+    assert run_exec(client, name, "echo saved > f")[-1]["exit_code"] == 0
+    assert client.post(ws_path(name) + "/stop").json()["state"] == "stopped"
+    harness.orphan(key)  # e.g. a boot that an eviction interrupted left one running
+    before = len(harness.calls(key, "container.destroy"))
+    events = run_exec(client, name, "cat f")
+    assert next(e for e in events if e["type"] == "started")["container"] == "restored"
+    assert output_of(events) == "saved\n"
+    assert len(harness.calls(key, "container.destroy")) == before + 1
+    assert harness.calls(key, "container.start")[-1]["containerSnapshot"] is not None
