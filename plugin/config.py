@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+import posixpath
 import re
 import uuid
 from dataclasses import dataclass, field
@@ -22,6 +23,7 @@ MIN_TOKEN_CHARS = 32
 _NAME = re.compile(NAME_PATTERN)
 _IMAGE = re.compile(r"[A-Za-z0-9_-]{1,128}")
 PROBE_TASK_ID = "prompt-backend-probe"
+DEFAULT_CWD = "/workspace"
 
 
 class ConfigError(ValueError):
@@ -119,3 +121,11 @@ def load_settings() -> Settings:
     if bool(access_id) != bool(access_secret):
         raise ConfigError("set both HERMES_CF_ACCESS_CLIENT_ID and HERMES_CF_ACCESS_CLIENT_SECRET, or neither")
     return Settings(endpoint, token, namespace, workspace, image, instance, access_id, access_secret)
+
+
+def sandbox_cwd(cwd: str | None) -> str:
+    """Hermes passes /root when terminal.cwd is unset (and rewrites host-looking paths to it); the sandbox user's
+    home is not /root, so those and relative paths mean "the workspace"."""
+    if not cwd or cwd in ("/root", "~") or not cwd.startswith("/"):
+        return DEFAULT_CWD
+    return posixpath.normpath(cwd)

@@ -3,26 +3,16 @@
 from __future__ import annotations
 
 import logging
-import posixpath
 from typing import Any
 
 from agent.terminal_env_provider import TerminalEnvironmentProvider
 
 from .client import Client, FlareboxError
-from .config import PROBE_TASK_ID, SECRET_KEYS, ConfigError, load_settings
+from .config import PROBE_TASK_ID, SECRET_KEYS, ConfigError, load_settings, read_setting, sandbox_cwd
 
 logger = logging.getLogger(__name__)
 
-DEFAULT_CWD = "/workspace"
 PROBE_SECONDS = 2.0
-
-
-def sandbox_cwd(cwd: str | None) -> str:
-    """Hermes passes /root when terminal.cwd is unset (and rewrites host-looking paths to it); the sandbox user's
-    home is not /root, so those and relative paths mean "the workspace"."""
-    if not cwd or cwd in ("/root", "~") or not cwd.startswith("/"):
-        return DEFAULT_CWD
-    return posixpath.normpath(cwd)
 
 
 class CloudflareSandboxProvider(TerminalEnvironmentProvider):
@@ -46,10 +36,14 @@ class CloudflareSandboxProvider(TerminalEnvironmentProvider):
 
     @property
     def skip_container_guards(self) -> bool:
-        # Deliberately True (Hermes' default for containers, as for docker and modal): the sandbox IS the isolation
-        # boundary; no host path is mounted and the token never enters it. Approval prompts would only stop
-        # unattended execute_code and cron runs from working. (kiyo-e's plugin chose False; see README.)
-        return True
+        # Deliberately True by default (Hermes' default for containers, as for docker and modal): the sandbox IS the
+        # isolation boundary; no host path is mounted and the token never enters it. Approval prompts would only
+        # stop unattended execute_code and cron runs from working. kiyo-e's plugin chose False; users who want
+        # that set HERMES_CF_REQUIRE_APPROVAL=true (see plugin/README.md).
+        try:
+            return (read_setting("HERMES_CF_REQUIRE_APPROVAL") or "").lower() not in ("1", "true", "yes", "on")
+        except Exception:
+            return False  # settings unreadable: keep Hermes' approvals on (fail safe)
 
     @property
     def cache_path_base(self):

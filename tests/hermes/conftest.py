@@ -102,10 +102,10 @@ class Driver:
     def command(self, scenario: str, args: dict | None = None) -> list[str]:
         return [str(self.python), str(DRIVER), scenario, json.dumps(args or {})]
 
-    def run(self, scenario: str, args: dict | None = None, timeout: float = 240) -> dict:
+    def run(self, scenario: str, args: dict | None = None, timeout: float = 240, env: dict | None = None) -> dict:
         done = subprocess.run(
             self.command(scenario, args),
-            env=self.env(),
+            env={**self.env(), **(env or {})},
             capture_output=True,
             text=True,
             timeout=timeout,

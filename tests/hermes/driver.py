@@ -94,6 +94,25 @@ def s_registration(args):
     }
 
 
+def s_secret_scope(args):
+    """With gateway multiplexing on and no profile scope bound, Hermes' get_secret raises: the plugin must fail
+    closed instead of reading os.environ (which holds valid settings here)."""
+    discover()
+    import agent.secret_scope as scope
+    from agent.terminal_env_registry import get_provider
+
+    provider = get_provider("cloudflare_sandbox")
+    before = provider.is_available()
+    scope.is_multiplex_active = lambda: True
+    out = {"available_before": before, "available": provider.is_available(), "probe": list(provider.probe())}
+    try:
+        provider.create_environment(cwd="/workspace", timeout=10, task_id="default", container_config={})
+        out["create"] = None
+    except Exception as exc:
+        out["create"] = [type(exc).__name__, str(exc)]
+    return out
+
+
 def s_terminal(args):
     discover()
     out = {}

@@ -28,6 +28,20 @@ def test_plugin_registers_as_a_backend(iot):
     assert ours["enabled"] is True and ours["error"] is None and ours["kind"] == "backend"
 
 
+def test_approvals_can_be_kept_on(iot):
+    r = iot.run("registration", env={"HERMES_CF_REQUIRE_APPROVAL": "true"})
+    assert r["flags"]["skip_container_guards"] is False
+
+
+def test_unscoped_secrets_fail_closed(iot):
+    r = iot.run("secret_scope")
+    assert r["available_before"] is True
+    assert r["available"] is False and r["probe"][0] == "needs_setup"
+    kind, message = r["create"]
+    assert kind == "EnvironmentConnectionError" and "no Hermes profile scope" in message
+    assert iot.server.token not in message
+
+
 def test_terminal_tool_state_exit_codes_and_timeout(iot):
     r = iot.run("terminal")
     assert r["first"]["exit_code"] == 0 and r["first"]["output"] == "/workspace/sub"
