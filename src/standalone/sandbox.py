@@ -101,6 +101,23 @@ def _data_fd(data: bytes) -> int:
     return read_end
 
 
+def remove_tree(path: Path) -> None:
+    """rmtree that also removes what the sandbox made unreadable (chmod 000 dirs stop an unprivileged server).
+    Called only once the sandbox is dead, so nothing swaps a directory for a symlink under our feet."""
+    if not path.is_dir() or path.is_symlink():
+        return
+    if os.geteuid() != 0:
+        with contextlib.suppress(OSError):
+            os.chmod(path, 0o700)
+        for dirpath, dirnames, _ in os.walk(path):
+            for name in dirnames:
+                child = os.path.join(dirpath, name)
+                if not os.path.islink(child):
+                    with contextlib.suppress(OSError):
+                        os.chmod(child, 0o700)
+    shutil.rmtree(path, ignore_errors=True)
+
+
 class SandboxContainer:
     def __init__(
         self,
@@ -165,10 +182,13 @@ class SandboxContainer:
                 await asyncio.to_thread(
                     self.store.restore, self.namespace, self.workspace, spec.snapshot_id, self.root_dir
                 )
-            self._prepare_live_dirs()
             try:
+                self._prepare_live_dirs()
                 self._spawn(spec)
                 await self._wait_ready()
+            except (OSError, ValueError, subprocess.SubprocessError) as exc:
+                await self._kill()
+                raise ProtocolError("container_unavailable", f"the sandbox could not start: {exc}") from None
             except BaseException:
                 await self._kill()
                 raise
@@ -299,7 +319,7 @@ class SandboxContainer:
     async def destroy(self) -> None:
         async with self._lock:
             await self._kill()
-            await asyncio.to_thread(shutil.rmtree, self.root_dir, True)
+            await asyncio.to_thread(remove_tree, self.root_dir)
 
     async def _kill(self) -> None:
         proc = self._proc
