@@ -213,9 +213,10 @@ class CloudflareSandboxEnvironment(BaseEnvironment):
 
     def _on_started(self, event: dict) -> None:
         container = event.get("container")
-        # Only a change under a running session is news: the first command of a new environment may well find
-        # a workspace restored from its last snapshot, and nothing the agent knows about was lost then.
-        replaced = self._seen_started and container in ("restored", "restarted", "fresh")
+        # restored/restarted: files came back, processes did not — news even on an environment's first command,
+        # since a resumed Hermes session may remember processes from before. An empty `fresh` workspace is only
+        # news after this environment has already used it.
+        replaced = container in ("restored", "restarted") or (container == "fresh" and self._seen_started)
         self._seen_started = True
         if replaced:
             logger.info("Flarebox workspace %s came back %s: running processes are gone", self.workspace, container)

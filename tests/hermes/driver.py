@@ -250,6 +250,14 @@ def s_restore(args):
     out["status_after_stop"] = env._client.get_workspace(env.namespace, env.workspace)
     out["after"] = terminal("cat /workspace/marker.txt; pgrep -fx 'sleep 300' || echo no-processes")
     out["next"] = terminal("true")
+    # Hermes lets go of the environment (its idle reaper or exit): the plugin stops the workspace in the
+    # background; a new environment's first command finds it restored, and Hermes says so again.
+    client = env._client.__class__(os.environ["HERMES_CF_ENDPOINT"], os.environ["HERMES_CF_TOKEN"])
+    cleanup_all()
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline and client.get_workspace(env.namespace, env.workspace)["state"] != "stopped":
+        time.sleep(0.2)
+    out["new_env_first"] = terminal("cat /workspace/marker.txt")
     cleanup_all()
     return out
 

@@ -108,6 +108,7 @@ def test_restored_workspace_keeps_files_and_warns_hermes(iot):
     assert r["after"]["output"] == "kept\nno-processes"  # files came back, processes did not
     assert r["after"].get("environment_recreated")  # and Hermes tells the model so
     assert not r["next"].get("environment_recreated")  # once
+    assert r["new_env_first"]["output"] == "kept" and r["new_env_first"].get("environment_recreated")
 
 
 def test_cleanup_stops_persistent_and_probe_is_ephemeral(iot):
