@@ -320,6 +320,9 @@ class SandboxContainer:
         async with self._lock:
             await self._kill()
             await asyncio.to_thread(remove_tree, self.root_dir)
+            with contextlib.suppress(OSError):
+                self.socket_dir.rmdir()
+            self.log_path.unlink(missing_ok=True)
 
     async def _kill(self) -> None:
         proc = self._proc

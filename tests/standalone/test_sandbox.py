@@ -7,6 +7,7 @@ import os
 import secrets
 import signal
 import socket
+import sys
 
 import pytest
 import sandbox_fixtures as fx
@@ -156,6 +157,7 @@ async def test_start_stop_destroy_and_has_disk(make_sandbox, short_tmp):
     await sandbox.destroy()
     assert not sandbox.running() and not sandbox.has_disk()
     assert not sandbox.root_dir.exists()
+    assert not sandbox.socket_dir.exists() and not sandbox.log_path.exists()
     assert [s.id for s in sandbox.store.list("ns", "ws")] == [info.id]  # snapshots survive destroy
 
 
@@ -284,9 +286,12 @@ async def test_cgroup_limits_are_applied_and_removed(make_sandbox):
     members = group.pids()
     assert sandbox.pid in members and len(members) >= 3  # bwrap, its init, the supervisor
 
-    # the memory limit is enforced: a 400 MiB allocation in a lite sandbox is killed, the supervisor survives
-    code, _, terminal = await run(sandbox, "python3 -c \"x = b'x' * (400 * 1024 * 1024); print(len(x))\"")
-    assert code != 0 and terminal.get("reason") in ("signal", "exited")
+    # the memory limit is enforced: 400 MiB in a lite (256 MiB) sandbox is killed, 50 MiB is fine, the supervisor lives
+    alloc = f"{sys.executable} -c \"x = b'x' * ({{}} * 1024 * 1024); print(len(x))\""
+    code, out, _ = await run(sandbox, alloc.format(50))
+    assert (code, out) == (0, f"{50 * 1024 * 1024}\n")
+    code, _, terminal = await run(sandbox, alloc.format(400))
+    assert terminal["reason"] == "signal" and code == 128 + signal.SIGKILL, terminal
     assert sandbox.running()
 
     await sandbox.destroy()
