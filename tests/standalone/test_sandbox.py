@@ -191,6 +191,37 @@ async def test_killed_sandbox_ends_in_flight_stream_with_container_gone(make_san
         assert sandbox.cgroup.pids() == set()
 
 
+async def test_file_bodies_stream_both_ways(make_sandbox):
+    sandbox = make_sandbox()
+    await sandbox.start(spec())
+    chunk = os.urandom(256 * 1024)
+    count = 40  # 10 MiB, sent as an async iterator: never one bytes object
+    sent = []
+
+    async def upload():
+        for i in range(count):
+            sent.append(i)
+            yield chunk
+
+    response = await sandbox.fetch(
+        "PUT",
+        "/files?path=/workspace/big.bin&mode=0640",
+        body=upload(),
+        headers={"content-length": str(len(chunk) * count)},
+    )
+    assert response.status == 200, await response.read()
+    assert await response.json() == {"path": "/workspace/big.bin", "size": len(chunk) * count}
+    assert len(sent) == count
+    on_host = sandbox.root_dir / "workspace" / "big.bin"
+    assert on_host.read_bytes() == chunk * count
+    assert (on_host.stat().st_uid, on_host.stat().st_gid) == sandbox.host_ids
+
+    response = await sandbox.fetch("GET", "/files?path=/workspace/big.bin")
+    assert response.status == 200 and response.headers["content-length"] == str(len(chunk) * count)
+    pieces = [piece async for piece in response.body]
+    assert len(pieces) > 1 and b"".join(pieces) == chunk * count
+
+
 async def test_snapshot_restore_round_trip_through_the_sandbox(make_sandbox):
     sandbox = make_sandbox()
     await sandbox.start(spec())
