@@ -96,11 +96,17 @@ class CloudflareSandboxEnvironment(BaseEnvironment):
             # The prompt probe runs one `uname` with a 4 s budget, then force-removes us: skip the session
             # snapshot (its login-shell bootstrap could eat the whole budget on a cold start).
             return
+        # init_session() swallows exceptions (it falls back to login shells); remember an infrastructure failure
+        # seen meanwhile and raise it here, so Hermes does not cache an environment that cannot work.
         self._init_failure: str | None = None
-        self.init_session()
+        self._initializing = True
+        try:
+            self.init_session()
+        finally:
+            self._initializing = False
         if self._init_failure:
             self._give_up()
-            raise EnvironmentConnectionError(self._init_failure, retry_hint=self._hint())
+            raise EnvironmentConnectionError(hermes_safe(self._init_failure), retry_hint=self._hint())
 
     # --- BaseEnvironment ---------------------------------------------------------------------------------
 
@@ -123,8 +129,8 @@ class CloudflareSandboxEnvironment(BaseEnvironment):
         result = super()._wait_for_process(proc, *args, **kwargs)
         error = getattr(proc, "error", None)
         if error and proc.poll() is not None:
-            if getattr(self, "_init_failure", "unset") is None:
-                self._init_failure = error  # init_session swallows exceptions; __init__ re-raises this
+            if getattr(self, "_initializing", False) and self._init_failure is None:
+                self._init_failure = error
             self._degraded = True
             raise EnvironmentConnectionError(hermes_safe(error), retry_hint=self._hint())
         return result

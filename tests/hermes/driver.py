@@ -113,6 +113,18 @@ def s_secret_scope(args):
     return out
 
 
+def s_conflict(args):
+    """The user's workspace exists with another configuration: a degraded result that says what to change."""
+    discover()
+    from flarebox_plugin_under_test.client import Client
+    from flarebox_plugin_under_test.config import load_settings
+
+    settings = load_settings()
+    with Client(settings.endpoint, settings.token) as client:
+        client.put_workspace(settings.namespace, settings.persistent_workspace("default"), {"instance": "lite"})
+    return {"result": terminal("true")}
+
+
 def s_terminal(args):
     discover()
     out = {}

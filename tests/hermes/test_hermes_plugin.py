@@ -42,6 +42,12 @@ def test_unscoped_secrets_fail_closed(iot):
     assert iot.server.token not in message
 
 
+def test_config_conflict_is_a_degraded_result_with_advice(iot):
+    r = iot.run("conflict")["result"]
+    assert r["status"] == "degraded" and r["exit_code"] == -1
+    assert "config_conflict" in r["error"] and "HERMES_CF_WORKSPACE" in r["error"]
+
+
 def test_terminal_tool_state_exit_codes_and_timeout(iot):
     r = iot.run("terminal")
     assert r["first"]["exit_code"] == 0 and r["first"]["output"] == "/workspace/sub"
