@@ -176,7 +176,7 @@ _CONFIG_FIELDS = frozenset(("image", "instance", "persistent", "cwd"))
 def parse_workspace_config(obj: dict) -> WorkspaceConfig:
     _reject_unknown(obj, _CONFIG_FIELDS)
     image = _text(obj, "image", limits.DEFAULT_IMAGE)
-    if not _IMAGE.fullmatch(image):
+    if image is None or not _IMAGE.fullmatch(image):  # null is not "the default": only omission is
         raise ProtocolError("invalid_field", "image must match ^[A-Za-z0-9_-]{1,128}$")
     instance = _text(obj, "instance")
     if instance is not None and instance not in limits.INSTANCE_TYPES:
