@@ -2,12 +2,15 @@
 real cgroups. Each test starts its own sandbox; the `make_sandbox` fixture destroys them all in finally."""
 
 import asyncio
+import contextlib
 import json
 import os
 import secrets
 import signal
 import socket
+import subprocess
 import sys
+import time
 
 import pytest
 import sandbox_fixtures as fx
@@ -220,6 +223,64 @@ async def test_file_bodies_stream_both_ways(make_sandbox):
     assert response.status == 200 and response.headers["content-length"] == str(len(chunk) * count)
     pieces = [piece async for piece in response.body]
     assert len(pieces) > 1 and b"".join(pieces) == chunk * count
+
+
+SERVER_THAT_DIES = """
+import asyncio, sys
+from pathlib import Path
+from durable.ports import StartSpec
+from standalone.sandbox import SandboxContainer
+from standalone.snapshots import SnapshotStore
+
+async def main():
+    base = Path(sys.argv[1])
+    box = SandboxContainer("ns", "orphan", base / "live", base / "run", SnapshotStore(base / "snaps"))
+    await box.start(StartSpec(image="hermes", instance="lite", env={}, enable_internet=False))
+    print(box.pid, flush=True)
+    await asyncio.sleep(600)
+
+asyncio.run(main())
+"""
+
+
+def descendants(pid: int) -> set[int]:
+    found, todo = set(), [pid]
+    while todo:
+        current = todo.pop()
+        for task in os.listdir(f"/proc/{current}/task") if os.path.isdir(f"/proc/{current}/task") else []:
+            try:
+                with open(f"/proc/{current}/task/{task}/children") as f:
+                    children = [int(c) for c in f.read().split()]
+            except OSError:
+                continue
+            found.update(children)
+            todo.extend(children)
+    return found
+
+
+def test_sandbox_dies_with_a_killed_server(short_tmp):
+    reason = fx.bwrap_usable()
+    if reason:
+        pytest.skip(reason)
+    server = subprocess.Popen(
+        [sys.executable, "-c", SERVER_THAT_DIES, str(short_tmp)], stdout=subprocess.PIPE, start_new_session=True
+    )
+    try:
+        bwrap_pid = int(server.stdout.readline())
+        sandbox_pids = descendants(bwrap_pid) | {bwrap_pid}
+        assert len(sandbox_pids) >= 3  # bwrap, its init, the supervisor
+        os.kill(server.pid, signal.SIGKILL)
+        server.wait(10)
+        for _ in range(100):
+            alive = {pid for pid in sandbox_pids if os.path.exists(f"/proc/{pid}")}
+            if not alive:
+                break
+            time.sleep(0.05)
+        assert alive == set()  # --die-with-parent: nothing of the sandbox outlives the server
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(server.pid, signal.SIGKILL)
+        server.wait(10)
 
 
 async def test_snapshot_restore_round_trip_through_the_sandbox(make_sandbox):
