@@ -50,7 +50,7 @@ class Registry:
         return "pending"
 
     def running(self) -> int:
-        return sum(1 for c in self._commands.values() if c.state == "running")
+        return sum(1 for c in self._commands.values() if c.alive)
 
     def kill_all(self) -> None:
         for command in self._commands.values():

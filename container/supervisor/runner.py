@@ -95,8 +95,13 @@ class Command:
 
     # -- control -------------------------------------------------------------------------------------------------
 
+    @property
+    def alive(self) -> bool:
+        """The command's own process (bash) has not exited yet."""
+        return not self._exited.is_set()
+
     def cancel(self) -> str:
-        if self.state != "running":
+        if self.state != "running" or not self.alive:
             return "finished"
         if self._stop_reason is None:
             self._stop_reason = "cancelled"
