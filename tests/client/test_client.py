@@ -4,6 +4,7 @@ NDJSON stream rules, exactly-once offsets, streamed file transfer, no retries.""
 import io
 import json
 import socket
+import time
 
 import pytest
 
@@ -378,3 +379,34 @@ def test_write_file_streams_bytes_and_file_objects_with_content_length(server, c
     assert first.query["mode"] == ["0600"]
     assert second.body == BIG[10:] and second.query["mode"] == ["0755"]
     assert "Transfer-Encoding" not in second.headers
+
+
+def _slow_stream(*parts):
+    """parts: bytes to send, or a float to pause that many seconds."""
+
+    def route(seen):
+        def body():
+            for part in parts:
+                if isinstance(part, float):
+                    time.sleep(part)
+                else:
+                    yield part
+
+        return 200, NDJSON, body()
+
+    return route
+
+
+def test_heartbeats_keep_a_quiet_stream_alive(server, client):
+    beat = ndjson({"type": "heartbeat"})
+    server.routes[("POST", W + "/exec")] = _slow_stream(*([beat, 0.2] * 6), ndjson(EXIT))
+    events = list(client.exec(NS, WS, {"request_id": RID, "command": "sleep 1"}, read_timeout=0.6))
+    assert events[-1] == EXIT and len(events) == 7
+
+
+def test_a_stalled_stream_is_a_transport_error_without_the_word_timeout(server, client):
+    server.routes[("POST", W + "/exec")] = _slow_stream(ndjson({"type": "heartbeat"}), 3.0, ndjson(EXIT))
+    with pytest.raises(TransportError) as err:
+        list(client.exec(NS, WS, {"request_id": RID, "command": "sleep 9"}, read_timeout=0.5))
+    # Hermes turns any backend error mentioning "timeout" into a fake exit 124
+    assert "timeout" not in str(err.value).lower() and err.value.connected
