@@ -46,7 +46,11 @@ async def get_file(request: web.Request) -> web.StreamResponse:
             raise ProtocolError("file_too_large", f"the file has {size} bytes; the limit is {limit}")
         response = web.StreamResponse(headers={"Content-Type": "application/octet-stream"})
         response.content_length = size
-        await response.prepare(request)  # a StreamResponse sends its headers here, so the body may follow directly
+        writer = await response.prepare(request)
+        # sendfile bypasses aiohttp's writer: the headers must be on the transport first (aiohttp versions that
+        # buffer headers until the first body chunk have send_headers(); older ones wrote them in prepare())
+        if hasattr(writer, "send_headers"):
+            writer.send_headers()
         transport = request.transport
         if transport is None:
             raise ConnectionResetError("the client went away")
