@@ -19,6 +19,7 @@ import hashlib
 import json
 import logging
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -365,8 +366,10 @@ class SandboxContainer:
         """A restore interrupted by a crash leaves `.tmp-restore-<name>-*` next to the live dir."""
         parent = self.root_dir.parent
         if parent.is_dir():
-            for entry in parent.glob(f".tmp-*-{self.root_dir.name}-*"):
-                shutil.rmtree(entry, ignore_errors=True)
+            pattern = re.compile(rf"\.tmp-(restore|old)-{re.escape(self.root_dir.name)}-[0-9a-f]{{8}}")
+            for entry in parent.iterdir():
+                if pattern.fullmatch(entry.name):
+                    remove_tree(entry)
 
     # ---- requests -----------------------------------------------------------------------------------------
     async def fetch(

@@ -388,3 +388,16 @@ async def test_cgroup_limits_are_applied_and_removed(make_sandbox):
 
     await sandbox.destroy()
     assert not any(d.exists() for d in group.dirs)
+
+
+def test_interrupted_restore_leftovers_are_removed(make_sandbox, short_tmp):
+    parent = short_tmp / "live" / "ns"
+    leftover = parent / ".tmp-restore-ws-0badcafe" / "workspace"
+    leftover.mkdir(parents=True)
+    (leftover / "half.txt").write_text("from a restore cut short by a crash")
+    others = [parent / ".tmp-restore-wsx-0badcafe", parent / ".tmp-restore-b-ws-0badcafe"]  # other workspaces'
+    for other in others:
+        other.mkdir()
+    make_sandbox("ws")
+    assert not leftover.parent.exists()
+    assert all(other.exists() for other in others)
