@@ -32,7 +32,7 @@ class WorkspaceHost:
         self._settings = settings_from_env(env)
         self._storage = DurableStorage(ctx.storage)
         self._alarm = DurableAlarm(ctx.storage)
-        self._clock = JsClock()
+        self._clock = JsClock(ctx)
         self._container = CloudflareContainer(ctx, self._storage, self._clock, self._settings.idle_seconds)
         self._streams = JsStreams()
         self._storage.sql(_IDENTITY_TABLE)

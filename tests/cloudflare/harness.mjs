@@ -372,7 +372,10 @@ class DurableObject {
         id: new DurableObjectId(this.name),
         storage: this.storage,
         container: this.container,
-        waitUntil: (p) => Promise.resolve(p).catch(() => {}),
+        waitUntil: (p) => {
+          record("ctx.waitUntil", this.name);
+          Promise.resolve(p).then(() => record("ctx.waitUntil.settled", this.name), () => {});
+        },
         blockConcurrencyWhile: async (fn) => await fn(),
       };
       this.instance = python.entry.Workspace(ctx, env);

@@ -110,6 +110,9 @@ def test_exec_output_streams_while_the_command_runs(harness, client):
     assert start[0]["image"].startswith("registry.cloudflare.com/")  # ctx.container.images.hermes
     assert start[0]["instance"] == "standard-1" and start[0]["enableInternet"] is True
     assert start[0]["containerSnapshot"] is None
+    # the relay outlives the fetch that returned its stream: the runtime is told, and told when it is done
+    assert harness.calls(f"{NS}/{name}", "ctx.waitUntil")
+    assert harness.calls(f"{NS}/{name}", "ctx.waitUntil.settled")
 
 
 def test_the_token_never_reaches_the_container(harness, client):
