@@ -32,6 +32,7 @@ from typing import Any
 import httpx
 
 from durable.ports import ContainerGone, SnapshotInfo, StartSpec
+from protocol import limits
 from protocol.errors import ProtocolError
 from standalone.cgroups import Cgroups, SandboxGroup, limits_for
 from standalone.snapshots import SnapshotStore
@@ -46,6 +47,11 @@ MAX_SOCKET_PATH = 100  # sun_path is 108 bytes; keep a margin
 STAGE_DIR = "/tmp"  # noqa: S108 - covered by a private tmpfs in the launcher's own mount namespace, never written
 STARTUP_TIMEOUT = 30.0
 STOP_GRACE = 2.0
+# A healthy supervisor answers at once and sends a heartbeat at least every HEARTBEAT_SECONDS on a stream, so this
+# much silence on a request (waiting for its answer, or for the next bytes of a stream) means it is frozen or
+# wedged: the request ends with ContainerGone instead of hanging its client forever.
+SILENCE_SECONDS = 3 * limits.HEARTBEAT_SECONDS
+CONNECT_SECONDS = 10.0
 PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 LIVE_SUBDIRS = {"workspace": 0o755, "home": 0o755, "tmp": 0o1777}
 _LAUNCHER = Path(__file__).with_name("sandbox_launch.py")
@@ -71,6 +77,9 @@ def _python_sources() -> list[str]:
 
     wanted = [sys.base_prefix, sys.prefix]
     wanted += [str(Path(m.__file__).resolve().parent) for m in (protocol, flarebox_supervisor)]
+    # site dirs outside the prefixes (--system-site-packages, a user site, a .pth that adds one); never '' or the
+    # server's cwd, which may hold its data directory
+    wanted += [p for p in sys.path if os.path.basename(p) in ("site-packages", "dist-packages") and os.path.isdir(p)]
     found: list[str] = []
     for path in wanted:
         real = os.path.realpath(path)
@@ -235,14 +244,14 @@ class SandboxContainer:
                 elif os.path.isdir(path):
                     argv += ["--ro-bind", path, path]
             argv += ["--ro-bind-data", str(passwd_fd), "/etc/passwd", "--ro-bind-data", str(group_fd), "/etc/group"]
-            for path in _python_sources():
-                argv += ["--ro-bind", source(path), path]
             argv += ["--proc", "/proc", "--dev", "/dev"]
             argv += ["--bind", source(self.root_dir / "workspace"), "/workspace"]
             argv += ["--bind", source(self.root_dir / "home"), SANDBOX_HOME]
             argv += ["--bind", source(self.root_dir / "tmp"), "/tmp"]  # noqa: S108 - the sandbox's own /tmp
             argv += ["--dir", "/var", "--symlink", "../tmp", "/var/tmp"]  # noqa: S108 - points at the sandbox /tmp
             argv += ["--bind", source(self.socket_dir), SOCKET_DIR_INSIDE]
+            for path in _python_sources():  # after the live dirs: a Python installed below /tmp stays visible
+                argv += ["--ro-bind", source(path), path]
             argv += ["--remount-ro", "/"]  # the root tmpfs bwrap builds would otherwise belong to the sandbox user
             argv += ["--chdir", "/workspace", "--clearenv"]
             env = {"PATH": PATH, "HOME": SANDBOX_HOME, "LANG": "C.UTF-8", "USER": SANDBOX_USER}
@@ -280,7 +289,7 @@ class SandboxContainer:
         self._client = httpx.AsyncClient(
             transport=httpx.AsyncHTTPTransport(uds=str(self.socket_path)),
             base_url="http://sandbox",
-            timeout=httpx.Timeout(None, connect=10.0),
+            timeout=_silence_timeout(None),
         )
 
     async def _wait_ready(self) -> None:
@@ -389,10 +398,12 @@ class SandboxContainer:
             path,
             content=body,
             headers=headers,
-            timeout=httpx.Timeout(timeout, connect=10.0) if timeout is not None else httpx.Timeout(None, connect=10.0),
+            timeout=_silence_timeout(timeout),
         )
         try:
             response = await client.send(request, stream=True)
+        except httpx.TimeoutException as exc:
+            raise ContainerGone(_silent(exc, timeout)) from None
         except httpx.HTTPError as exc:
             raise ContainerGone(f"the sandbox cannot be reached: {exc.__class__.__name__}") from None
         return SandboxResponse(response)
@@ -413,6 +424,24 @@ class SandboxContainer:
         await asyncio.to_thread(self.store.delete, self.namespace, self.workspace, snapshot_id)
 
 
+def _silence_timeout(timeout: float | None) -> httpx.Timeout:
+    """`timeout` bounds each wait on the socket when given; by default a wait ends after SILENCE_SECONDS of silence
+    (never a total limit: a long command's stream stays open as long as its heartbeats come)."""
+    if timeout is not None:
+        return httpx.Timeout(timeout, connect=CONNECT_SECONDS)
+    return httpx.Timeout(connect=CONNECT_SECONDS, read=SILENCE_SECONDS, write=SILENCE_SECONDS, pool=None)
+
+
+def _silent(exc: httpx.TimeoutException, timeout: float | None) -> str:
+    if isinstance(exc, httpx.ConnectTimeout):
+        return "the sandbox cannot be reached: its supervisor does not accept connections"
+    waited = SILENCE_SECONDS if timeout is None else timeout
+    return (
+        f"the sandbox stopped answering: nothing from its supervisor for {waited:g} s (a healthy one sends a "
+        "heartbeat every 10 s); the command's outcome is unknown — reattach by request id to see it"
+    )
+
+
 class SandboxResponse:
     """The supervisor's answer; `body` streams it and raises ContainerGone if the sandbox dies mid-body."""
 
@@ -427,6 +456,8 @@ class SandboxResponse:
             async for chunk in self._response.aiter_raw():
                 if chunk:
                     yield chunk
+        except httpx.TimeoutException as exc:
+            raise ContainerGone(_silent(exc, None)) from None
         except httpx.HTTPError as exc:
             raise ContainerGone(f"the sandbox stopped while answering: {exc.__class__.__name__}") from None
         finally:

@@ -401,3 +401,64 @@ def test_interrupted_restore_leftovers_are_removed(make_sandbox, short_tmp):
     make_sandbox("ws")
     assert not leftover.parent.exists()
     assert all(other.exists() for other in others)
+
+
+UNPRIVILEGED_SERVER = """
+import asyncio, json, sys
+from pathlib import Path
+from durable.ports import StartSpec
+from standalone.cgroups import Cgroups
+from standalone.sandbox import SandboxContainer
+from standalone.snapshots import SnapshotStore
+
+async def main():
+    base = Path(sys.argv[1])
+    box = SandboxContainer("ns", "rootless", base / "live", base / "run", SnapshotStore(base / "snaps"))
+    try:
+        await box.start(StartSpec(image="hermes", instance="lite", env={}, enable_internet=False))
+        body = json.dumps({"request_id": "0" * 32, "command": "id -u; whoami; touch /workspace/f"}).encode()
+        response = await box.fetch("POST", "/exec", body=body, headers={"content-type": "application/json"})
+        events = [json.loads(line) for line in (await response.read()).splitlines()]
+        f = box.root_dir / "workspace" / "f"
+        print(json.dumps({"events": events, "owner": f.stat().st_uid, "limits": Cgroups.detect()[1]}))
+    finally:
+        await box.destroy()
+
+asyncio.run(main())
+"""
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="needs root to switch to another unprivileged user")
+def test_unprivileged_server_runs_sandboxes_as_itself(short_tmp):
+    """A server that is not root: bwrap runs as the server's own uid (user namespaces), no staging, no cgroups.
+    Runs with the system Python 3.11 in a throwaway venv that reuses this venv's packages (the dev interpreter may
+    live in a directory other users cannot enter)."""
+    # a system interpreter: one under /root (pyenv) cannot be run by another user
+    system_python = next((p for p in ("/usr/bin/python3.11", "/usr/local/bin/python3.11") if os.path.exists(p)), None)
+    reason = fx.bwrap_usable()
+    if reason or system_python is None or sys.version_info[:2] != (3, 11):
+        pytest.skip(reason or "needs a system python3.11 matching the dev venv")
+    uid = 64001
+    venv = short_tmp / "venv"
+    subprocess.run([system_python, "-m", "venv", "--without-pip", str(venv)], check=True)
+    dev_site = next(p for p in sys.path if p.endswith("site-packages") and p.startswith(sys.prefix))
+    site = next((venv / "lib").glob("python3*/site-packages"))
+    (site / "dev_packages.pth").write_text(f"import site; site.addsitedir({dev_site!r})\n")
+    work = short_tmp / "rootless"
+    work.mkdir()
+    os.chown(work, uid, uid)
+    result = subprocess.run(
+        ["setpriv", f"--reuid={uid}", f"--regid={uid}", "--clear-groups", str(venv / "bin" / "python"), "-c"]
+        + [UNPRIVILEGED_SERVER, str(work)],
+        capture_output=True,
+        timeout=60,
+        env={"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "HOME": str(work)},
+        cwd=work,
+    )
+    assert result.returncode == 0, result.stderr.decode(errors="replace")[-3000:]
+    report = json.loads(result.stdout.decode().strip().splitlines()[-1])
+    output = "".join(e.get("data", "") for e in report["events"])
+    assert output.split() == ["1000", "sandbox"]
+    assert report["events"][-1]["exit_code"] == 0
+    assert report["owner"] == uid  # its files belong to the server's own uid on the host
+    assert report["limits"].startswith("not enforced: the server is not root")
