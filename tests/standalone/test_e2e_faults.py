@@ -1,5 +1,7 @@
 """Faults against a real server: a sandbox killed mid-command, and the server itself killed and restarted."""
 
+import hashlib
+import json
 import os
 import shutil
 import signal
@@ -7,6 +9,7 @@ import sqlite3
 import threading
 import time
 
+import httpx
 import pytest
 from e2e import exec_events, output_of, put_workspace, run_ok, sandbox_pids, started, terminal, wait_until, ws_url
 
@@ -57,35 +60,64 @@ def _alarm_at(data_dir, ns, ws):
     return rows[0][0] if rows else None
 
 
+def _verify_snapshots(snapshot_dir) -> list[str]:
+    """Every committed snapshot (a manifest) has an archive whose size and sha256 match it; returns the ids."""
+    ids = []
+    for manifest_path in sorted(snapshot_dir.glob("*.json")):
+        manifest = json.loads(manifest_path.read_text())
+        archive = manifest_path.with_name(manifest["id"] + ".tar.zst")
+        data = archive.read_bytes()
+        assert len(data) == manifest["size"] and hashlib.sha256(data).hexdigest() == manifest["sha256"], archive
+        ids.append(manifest["id"])
+    return ids
+
+
 def test_killed_server_restarts_with_every_workspace_snapshot_and_alarm(start_server):
     first = start_server(env={"IDLE_SECONDS": "3"})
     data_dir = first.data_dir
+    snapshot_dir = data_dir / "snapshots" / "crash" / "a"
     with first.client() as client:
         assert put_workspace(client, "crash", "a").status_code == 201
         assert put_workspace(client, "crash", "b", instance="lite", cwd="/workspace/b").status_code == 201
         run_ok(client, "crash", "a", "echo one > /workspace/one")
         snap = client.post(ws_url("crash", "a", "snapshot")).json()
-        run_ok(client, "crash", "a", "echo two > /workspace/two")
+        run_ok(client, "crash", "a", "echo two > /workspace/two; head -c 100M /dev/urandom > /workspace/big")
         before = {ws: client.get(ws_url("crash", ws)).json() for ws in ("a", "b")}
-    assert _alarm_at(data_dir, "crash", "a") is not None  # the idle deadline is persisted
-    first.kill()  # SIGKILL: no shutdown code runs
+        # kill the server in the middle of writing a second snapshot
+        saving = threading.Thread(target=_swallow, args=(lambda: client.post(ws_url("crash", "a", "snapshot")),))
+        saving.start()
+        wait_until(lambda: any(p.name.startswith(".tmp") for p in snapshot_dir.iterdir()), 30, interval=0.01,
+                   what="a snapshot being written")
+        first.kill()  # SIGKILL: no shutdown code runs
+        saving.join(30)
+    alarm_at = _alarm_at(data_dir, "crash", "a")
+    assert alarm_at is not None  # the idle deadline is persisted
     wait_until(lambda: not sandbox_pids(first, "a"), 10, what="sandboxes to die")
 
     second = start_server(env={"IDLE_SECONDS": "3"}, data_dir=data_dir)
-    # the alarm was re-armed at start: it fires with no request to the workspace and is consumed
+    # nothing half-written survives: leftovers are gone and every committed snapshot checks out
+    assert not [p for p in snapshot_dir.iterdir() if p.name.startswith(".tmp")]
+    assert snap["id"] in _verify_snapshots(snapshot_dir)
+    # the alarm was re-armed at start: it fires at its time with no request to the workspace, and is consumed
     wait_until(lambda: _alarm_at(data_dir, "crash", "a") is None, 30, what="the re-armed idle alarm to fire")
-    snapshot_dir = data_dir / "snapshots" / "crash" / "a"
-    assert not [p for p in snapshot_dir.iterdir() if p.name.startswith(".tmp")]  # nothing half-written
+    assert time.time() * 1000 >= alarm_at - 100
     with second.client() as client:
         after = {ws: client.get(ws_url("crash", ws)).json() for ws in ("a", "b")}
         for ws in ("a", "b"):
             assert after[ws]["config"] == before[ws]["config"]
             assert after[ws]["created_at"] == before[ws]["created_at"]
-        listed = client.get(ws_url("crash", "a", "snapshots")).json()["snapshots"]
-        assert snap["id"] in [s["id"] for s in listed]
+        listed = [s["id"] for s in client.get(ws_url("crash", "a", "snapshots")).json()["snapshots"]]
+        assert snap["id"] in listed and set(listed) == set(_verify_snapshots(snapshot_dir))
         events = exec_events(client, "crash", "a", "cat /workspace/one /workspace/two")
         assert started(events)["container"] in ("restarted", "restored")
         assert output_of(events).startswith("one\n") and terminal(events)["type"] == "exit"
+
+
+def _swallow(fn) -> None:
+    try:
+        fn()
+    except httpx.TransportError:
+        pass  # the server was killed under this request, on purpose
 
 
 def test_sigterm_stops_sandboxes_closes_sqlite_and_keeps_files(start_server):
