@@ -121,7 +121,8 @@ def _client_command(args) -> int:
             return 0
     except ApiError as err:
         print(f"flarebox: {err.code}: {err.message}", file=sys.stderr)
-        return 1
+        # exec's own exit codes belong to the command; flarebox's failures get 125 there
+        return ERROR_EXIT if args.command == "exec" else 1
     except (FlareboxError, ValueError) as err:
         print(f"flarebox: {err}", file=sys.stderr)
         return ERROR_EXIT

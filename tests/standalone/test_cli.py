@@ -60,6 +60,8 @@ def test_status_snapshot_snapshots_stop_rm(server):
     env = dict(server.client_env(), HERMES_CF_TOKEN="w" * 48)
     denied = subprocess.run(flarebox_command() + ["status", "life"], env=env, capture_output=True, text=True)
     assert denied.returncode == 1 and "unauthorized" in denied.stderr and "w" * 48 not in denied.stderr
+    denied = subprocess.run(flarebox_command() + ["exec", "life", "--", "true"], env=env, capture_output=True)
+    assert denied.returncode == 125 and b"unauthorized" in denied.stderr
 
 
 def test_ctrl_c_cancels_the_command_on_the_server(server):
