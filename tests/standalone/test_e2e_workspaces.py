@@ -118,3 +118,22 @@ def test_ten_workspaces_five_concurrent_commands_each(server):
             out, _ = run_ok(client, "conc", name, "cat /workspace/*.txt | sort")
             assert out.splitlines() == sorted(f"{name}-{k}" for k in range(5))
             assert client.delete(ws_url("conc", name), params={"confirm": "true"}).status_code == 200
+
+
+def test_the_token_never_enters_a_sandbox_a_snapshot_or_a_state_file(server):
+    with server.client() as client:
+        assert put_workspace(client, "sec", "env").status_code == 201
+        out, _ = run_ok(client, "sec", "env", "env; cat /proc/[0-9]*/environ 2>/dev/null | tr '\\0' '\\n'; ls /run")
+        assert out and server.token not in out and "SANDBOX_API_TOKEN" not in out
+        assert client.post(ws_url("sec", "env", "snapshot")).status_code == 200
+    token = server.token.encode()
+    checked = 0
+    for path in server.data_dir.rglob("*"):
+        if not path.is_file() or path.is_symlink():
+            continue
+        data = path.read_bytes()
+        if path.name.endswith(".tar.zst"):
+            data = subprocess.run(["zstd", "-d", "-q", "-c", str(path)], capture_output=True, check=True).stdout
+        assert token not in data, path
+        checked += 1
+    assert checked >= 3  # state files, sandbox logs and the snapshot were really looked at
