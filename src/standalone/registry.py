@@ -2,8 +2,9 @@
 
 Data layout (everything under the data dir):
     workspaces/<ns>/<ws>/state.sqlite3   config, state, ledger and the persisted alarm (one file per workspace)
-    workspaces/<ns>/<ws>/...              the sandbox's live files (owned by the sandbox driver)
-    snapshots/...                         the snapshot store
+    workspaces/<ns>/<ws>/root/            the sandbox's live files: workspace/, home/, tmp/ (sandbox_driver.py)
+    snapshots/<ns>/<ws>/                  the snapshot store's archives and manifests
+    run/                                  the sandboxes' supervisor sockets and logs
 Objects are forgotten (and their directory removed) once deleted. At shutdown the running sandboxes are stopped
 but their files stay, so the next exec reports `container: restarted`.
 """
