@@ -58,7 +58,8 @@ async def get_file(request: web.Request) -> web.StreamResponse:
         with os.fdopen(fd, "rb", buffering=0, closefd=False) as source:
             sent = await asyncio.get_running_loop().sendfile(transport, source, 0, size)
         if sent < size:  # the file shrank: the promised length cannot be met, so the connection must break
-            raise ConnectionAbortedError("file shrank while being read")
+            transport.close()
+            return response
         await response.write_eof()
         return response
     finally:

@@ -7,6 +7,7 @@ import stat
 import tempfile
 from pathlib import Path
 
+import httpx
 import pytest
 
 from .harness import needs_root
@@ -175,3 +176,21 @@ def _children(ppid: int) -> list[int]:
             if int(stat_line[stat_line.rfind(b")") + 2 :].split(b" ")[1]) == ppid:
                 children.append(int(name))
     return children
+
+
+def test_a_file_that_shrinks_during_get_breaks_the_connection(supervisor):
+    target = supervisor.workspace / "shrinking"
+    size = 200 * 1024 * 1024
+    with open(target, "wb") as f:
+        f.truncate(size)  # sparse: cheap to make
+    received = 0
+    with pytest.raises(httpx.RemoteProtocolError):
+        with supervisor.stream("GET", "/files", params={"path": str(target)}) as response:
+            assert response.headers["content-length"] == str(size)
+            chunks = response.iter_raw()
+            received += len(next(chunks))
+            os.truncate(target, 1000)  # the promised length can no longer be met
+            for chunk in chunks:
+                received += len(chunk)
+    assert received < size  # never a silently short "success"
+    assert supervisor.client.get("/health").status_code == 200
