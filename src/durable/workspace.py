@@ -98,8 +98,8 @@ class Workspace:
             return await handler(args, body)
         except ProtocolError as err:
             return Response.error(err)
-        except ContainerGone:
-            return Response.error(ProtocolError("container_exited"))
+        except ContainerGone as gone:
+            return Response.error(ProtocolError("container_exited", str(gone) or None))
         except Exception:
             log.exception("workspace %s/%s: %s failed", self.namespace, self.name, op)
             return Response.error(ProtocolError("internal_error"))
@@ -286,8 +286,8 @@ class Workspace:
             await writer.pipe(resp.body)
         except ProtocolError as err:
             await writer.event(error_event(err.code, err.message))
-        except ContainerGone:
-            await writer.event(error_event("container_exited"))
+        except ContainerGone as gone:
+            await writer.event(error_event("container_exited", str(gone) or None))
         except Exception:
             log.exception("exec %s on %s/%s failed", rid, self.namespace, self.name)
             await writer.event(error_event("internal_error"))
@@ -329,8 +329,8 @@ class Workspace:
     async def _pipe(self, writer: EventWriter, body: Any) -> None:
         try:
             await writer.pipe(body)
-        except ContainerGone:
-            await writer.event(error_event("container_exited"))
+        except ContainerGone as gone:
+            await writer.event(error_event("container_exited", str(gone) or None))
         except Exception:
             log.exception("reattach relay on %s/%s failed", self.namespace, self.name)
             await writer.event(error_event("internal_error"))

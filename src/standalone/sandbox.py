@@ -188,11 +188,11 @@ class SandboxContainer:
             if self.running():
                 return
             await self._reap()
-            if spec.snapshot_id:
-                await asyncio.to_thread(
-                    self.store.restore, self.namespace, self.workspace, spec.snapshot_id, self.root_dir
-                )
             try:
+                if spec.snapshot_id:  # snapshot_damaged leaves the live dir as it was
+                    await asyncio.to_thread(
+                        self.store.restore, self.namespace, self.workspace, spec.snapshot_id, self.root_dir
+                    )
                 self._prepare_live_dirs()
                 self._spawn(spec)
                 await self._wait_ready()

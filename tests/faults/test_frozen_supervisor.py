@@ -1,0 +1,126 @@
+"""A frozen supervisor (SIGSTOP: alive, holding its socket, answering nothing) must never hang a client.
+
+The mechanism: a healthy supervisor sends a heartbeat at least every 10 s on an exec stream and answers everything
+else promptly, so the server gives up on a sandbox that sends nothing for SUPERVISOR_SILENCE_SECONDS (30 s) and
+ends the request with a clear error; a boot gives up after the sandbox's startup budget. Once the supervisor runs
+again (SIGCONT), or its sandbox is killed and restarted, the workspace works with every file intact."""
+
+import os
+import shutil
+import signal
+import threading
+import time
+
+import pytest
+from e2e import exec_events, output_of, put_workspace, run_ok, started, terminal, ws_url
+from faults import assert_files, cmdline, put_files, sample_files, supervisor_pids
+
+pytestmark = [pytest.mark.timeout(240), pytest.mark.skipif(not shutil.which("bwrap"), reason="needs bubblewrap")]
+
+SILENCE_BOUND = 60  # the documented silence limit is 30 s; generous headroom for a loaded CI machine
+
+
+def test_exec_on_a_frozen_supervisor_ends_with_an_error_and_recovers_after_sigcont(start_server):
+    srv = start_server()
+    files = sample_files(7)
+    with srv.client() as client:
+        assert put_workspace(client, "frz", "exec").status_code == 201
+        put_files(client, "frz", "exec", files)
+        pids = supervisor_pids(srv, "exec")
+        assert len(pids) == 1, pids
+        os.kill(pids[0], signal.SIGSTOP)
+        results: dict = {}
+
+        def timed(name, fn):
+            begun = time.monotonic()
+            results[name] = fn()
+            results[name + "_took"] = time.monotonic() - begun
+
+        def run_exec():
+            with srv.client() as own:
+                return exec_events(own, "frz", "exec", "echo after-freeze", timeout=SILENCE_BOUND + 30)
+
+        def read_file():
+            with srv.client() as own:
+                return own.get(ws_url("frz", "exec", "files"), params={"path": "/workspace/notes.txt"},
+                               timeout=SILENCE_BOUND + 30)
+
+        # an exec and a file read on the frozen sandbox at once: both must end with an error, within the bound
+        threads = [threading.Thread(target=timed, args=("exec", run_exec)),
+                   threading.Thread(target=timed, args=("file", read_file))]
+        try:
+            for t in threads:
+                t.start()
+            time.sleep(1)
+            status = client.get(ws_url("frz", "exec"), timeout=30)  # status never hangs (short busy probe)
+            assert status.status_code == 200
+            for t in threads:
+                t.join(SILENCE_BOUND + 60)
+        finally:
+            os.kill(pids[0], signal.SIGCONT)
+            for t in threads:
+                t.join(60)
+        end = terminal(results["exec"])
+        assert end["type"] == "error" and end["code"] in ("container_unavailable", "container_exited"), results
+        assert "answering" in end["message"], end  # says the sandbox stopped answering, not a generic failure
+        assert results["exec_took"] < SILENCE_BOUND, results["exec_took"]
+        resp = results["file"]
+        assert resp.status_code >= 500 and resp.json()["error"]["code"].startswith("container_"), resp.text
+        assert results["file_took"] < SILENCE_BOUND, results["file_took"]
+        out, events = run_ok(client, "frz", "exec", "echo alive")
+        assert out == "alive\n" and started(events)["container"] == "continuing"
+        assert_files(client, "frz", "exec", files)
+
+
+def _freeze_new_supervisors(srv, stop: threading.Event, frozen: list[int], known: set[int]) -> None:
+    """Poll /proc and SIGSTOP any new supervisor of this server's sandboxes the moment it exists (before it can
+    listen: the interpreter takes far longer to start than one poll)."""
+    prefix = str(srv.data_dir) + "/"
+    while not stop.is_set():
+        for entry in os.listdir("/proc"):
+            if not entry.isdigit() or int(entry) in known:
+                continue
+            pid = int(entry)
+            line = cmdline(pid)
+            if "flarebox_supervisor" not in line or line.split(" ")[0].endswith("bwrap"):
+                continue
+            try:
+                if not os.readlink(f"/proc/{pid}/fd/1").startswith(prefix):
+                    continue
+                os.kill(pid, signal.SIGSTOP)
+            except OSError:
+                continue
+            known.add(pid)
+            frozen.append(pid)
+        time.sleep(0.002)
+
+
+def test_boot_with_a_frozen_supervisor_ends_with_startup_timeout_then_boots(start_server):
+    srv = start_server()
+    with srv.client() as client:
+        assert put_workspace(client, "frz", "boot").status_code == 201
+        stop, frozen = threading.Event(), []
+        known = {int(p) for p in os.listdir("/proc") if p.isdigit()}
+        poller = threading.Thread(target=_freeze_new_supervisors, args=(srv, stop, frozen, known), daemon=True)
+        poller.start()
+        try:
+            begun = time.monotonic()
+            events = exec_events(client, "frz", "boot", "echo never", timeout=120)
+            took = time.monotonic() - begun
+        finally:
+            stop.set()
+            poller.join(5)
+            for pid in frozen:
+                try:
+                    os.kill(pid, signal.SIGCONT)
+                except ProcessLookupError:
+                    pass
+        assert frozen, "the poller never saw the supervisor start"
+        end = terminal(events)
+        assert end["type"] == "error" and end["code"] in ("startup_timeout", "container_unavailable"), events
+        assert output_of(events) == ""
+        assert took < 90, took  # the sandbox's 30 s readiness budget, plus margin; never a hang
+        # the frozen sandbox was destroyed, not left behind: the next exec boots a new one
+        assert not [p for p in frozen if os.path.exists(f"/proc/{p}") and "flarebox_supervisor" in cmdline(p)]
+        out, events = run_ok(client, "frz", "boot", "echo booted")
+        assert out == "booted\n" and started(events)["container"] == "fresh"
