@@ -38,6 +38,17 @@ def test_settings_environment_overrides_wrangler_vars(tmp_path):
     assert load_settings({}, tmp_path / "missing.jsonc").idle_seconds == 600
 
 
+def test_the_repository_wrangler_jsonc_parses_and_feeds_the_settings():
+    from standalone.config import REPO_ROOT, wrangler_vars
+
+    path = REPO_ROOT / "wrangler.jsonc"
+    if not path.is_file():
+        pytest.skip("no wrangler.jsonc in this checkout")
+    found = wrangler_vars(path)
+    assert "IDLE_SECONDS" in found and "SANDBOX_API_TOKEN" not in found  # the secret is never a var
+    assert load_settings({}, path).idle_seconds == int(found["IDLE_SECONDS"])
+
+
 def test_token_generated_once_with_mode_0600_then_reused(tmp_path):
     first = load_or_create_token(tmp_path, {})
     assert first.source == "generated" and first.usable
