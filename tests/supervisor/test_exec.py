@@ -105,6 +105,14 @@ def test_large_stdin_round_trips_byte_exact(supervisor):
     assert hashlib.sha256(result.output.encode()).hexdigest() == hashlib.sha256(text.encode()).hexdigest()
 
 
+def test_stdin_the_command_never_reads_is_dropped_without_harm(supervisor):
+    # more than the pipe holds, and the command exits without reading: the writer must stop at EPIPE, not hang
+    result = supervisor.exec("echo ignored", stdin="x" * 900_000, timeout=30)
+    assert result.output == "ignored\n"
+    assert result.terminal["exit_code"] == 0
+    assert supervisor.exec("echo still fine").output == "still fine\n"
+
+
 def test_stdin_absent_reads_dev_null(supervisor):
     result = supervisor.exec("cat; echo done", timeout=5)
     assert result.output == "done\n"
