@@ -274,6 +274,26 @@ def s_restore(args):
     return out
 
 
+def s_idle(args):
+    """A server with a short IDLE_SECONDS snapshots and stops the workspace by itself between two commands."""
+    discover()
+    out = {"write": terminal("echo idle-kept > /workspace/marker.txt")}
+    if out["write"].get("environment_recreated"):  # a slow machine let it idle out before the write: again
+        out["write"] = terminal("echo idle-kept > /workspace/marker.txt")
+    env = active_env()
+    states, deadline = [], time.monotonic() + 60
+    while time.monotonic() < deadline:
+        status = env._client.get_workspace(env.namespace, env.workspace)
+        states.append(status["state"])
+        if status["state"] == "stopped":
+            break
+        time.sleep(0.25)
+    out["states"] = states
+    out["after"] = terminal("cat /workspace/marker.txt")
+    cleanup_all()
+    return out
+
+
 def s_server_down(args):
     """Interactive: the test stops the server after STEP stop-server and starts it again after STEP start-server."""
     discover()

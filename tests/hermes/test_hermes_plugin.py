@@ -117,6 +117,26 @@ def test_restored_workspace_keeps_files_and_warns_hermes(iot):
     assert r["new_env_first"]["output"] == "kept" and r["new_env_first"].get("environment_recreated")
 
 
+@pytest.fixture
+def idle_driver(hermes_iot, hermes_home):
+    from .conftest import Driver, ServerProcess, remove_temp_dir, short_temp_dir
+
+    root = short_temp_dir()
+    proc = ServerProcess(root / "data", {"IDLE_SECONDS": "3"})
+    try:
+        yield Driver(hermes_iot, hermes_home, proc.start())
+    finally:
+        proc.stop()
+        remove_temp_dir(root)
+
+
+def test_workspace_idled_out_comes_back_restored_and_hermes_warns(idle_driver):
+    r = idle_driver.run("idle")
+    assert r["states"][-1] == "stopped"  # the server's idle timer saved and stopped it on its own
+    assert r["after"]["output"] == "idle-kept" and r["after"]["exit_code"] == 0
+    assert r["after"].get("environment_recreated")
+
+
 def test_cleanup_stops_persistent_and_probe_is_ephemeral(iot):
     r = iot.run("cleanup")
     assert r["after_cleanup"]["state"] == "stopped" and r["after_cleanup"]["last_snapshot"] is not None
