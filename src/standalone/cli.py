@@ -2,6 +2,7 @@
 server (this machine's by default, or HERMES_CF_ENDPOINT/HERMES_CF_TOKEN) built on the shared protocol client."""
 
 import argparse
+import contextlib
 import json
 import os
 import signal
@@ -88,8 +89,14 @@ def _client():
     from flarebox_hermes.client import Client
     from standalone.token import read_local_token
 
-    endpoint = os.environ.get("HERMES_CF_ENDPOINT") or f"http://127.0.0.1:{DEFAULT_PORT}"
-    token = os.environ.get("HERMES_CF_TOKEN") or read_local_token(default_data_dir())
+    endpoint = os.environ.get("HERMES_CF_ENDPOINT")
+    token = os.environ.get("HERMES_CF_TOKEN")
+    if endpoint and not token:
+        # never send this machine's token to another server
+        raise SystemExit("flarebox: HERMES_CF_ENDPOINT is set: set HERMES_CF_TOKEN to that server's token too")
+    if not endpoint:
+        endpoint = f"http://127.0.0.1:{DEFAULT_PORT}"
+        token = token or read_local_token(default_data_dir())
     if not token:
         where = default_data_dir() / "token"
         raise SystemExit(f"flarebox: no token: set HERMES_CF_TOKEN, or run `flarebox serve` once to create {where}")
@@ -190,6 +197,12 @@ def _exec(client, args) -> int:
                 return ERROR_EXIT
     except KeyboardInterrupt:
         return CANCELLED_EXIT
+    except BrokenPipeError:
+        # our reader went away (`flarebox exec … | head`): stop the command too, and exit as a SIGPIPE'd one would
+        with contextlib.suppress(Exception):
+            client.cancel(ns, ws, request["request_id"])
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # no second error when Python flushes
+        return 128 + signal.SIGPIPE
     finally:
         signal.signal(signal.SIGINT, previous)
     return ERROR_EXIT  # not reached: the client raises when a stream ends without its terminal event

@@ -96,3 +96,19 @@ def test_hermes_install_subcommand_installs_the_plugin(tmp_path):
     )
     assert result.returncode == 0, result.stderr
     assert (tmp_path / "hermes" / "plugins" / "cloudflare-sandbox" / "plugin.yaml").is_file()
+
+
+def test_a_closed_stdout_cancels_the_command_and_exits_like_sigpipe(server):
+    script = " ".join(flarebox_command()) + " exec clipipe -- 'yes' | head -n 1; echo \"rc=${PIPESTATUS[0]}\""
+    result = subprocess.run(["bash", "-c", script], env=server.client_env(), capture_output=True, text=True,
+                            timeout=60)
+    assert result.stdout.splitlines() == ["y", "rc=141"], result
+    assert "Traceback" not in result.stderr
+    wait_until(lambda: json.loads(flarebox(server, "status", "clipipe").stdout)["busy"] is False, 15, what="busy=false")
+
+
+def test_a_remote_endpoint_never_gets_the_local_token(server):
+    env = dict(server.client_env(), FLAREBOX_DATA_DIR=str(server.data_dir))
+    del env["HERMES_CF_TOKEN"]
+    refused = subprocess.run(flarebox_command() + ["status", "x"], env=env, capture_output=True, text=True)
+    assert refused.returncode != 0 and "HERMES_CF_TOKEN" in refused.stderr
