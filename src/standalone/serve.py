@@ -12,6 +12,7 @@ from pathlib import Path
 
 import uvicorn
 
+from standalone import redact
 from standalone.clock import AsyncioClock
 from standalone.config import load_settings
 from standalone.registry import WorkspaceRegistry
@@ -83,6 +84,7 @@ def run_server(*, host: str, port: int, data_dir: Path, log_level: str = "info")
         access_log=True,
     )
     server = uvicorn.Server(config)
+    redact.install(token.value)  # after uvicorn.Config, which set up uvicorn's log handlers
 
     async def main() -> None:
         armed = registry.rearm_alarms()

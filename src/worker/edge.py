@@ -69,10 +69,16 @@ class Edge:
             response.headers["allow"] = err.allow
             return response
         except ProtocolError as err:
-            return Response.error(err)
+            return Response.error(self._redacted(err))
         except Exception as exc:  # never leak exception text to the client
             self._log_unexpected(req, exc)
             return Response.error(ProtocolError("internal_error"))
+
+    def _redacted(self, err: ProtocolError) -> ProtocolError:
+        """Messages may quote what the client sent (an unknown field or query key): never quote the token back."""
+        if self._token and self._token in err.message:
+            return ProtocolError(err.code, err.message.replace(self._token, "[redacted]"))
+        return err
 
     def _log_unexpected(self, req: EdgeRequest, exc: Exception) -> None:
         text = "".join(traceback.format_exception(exc))

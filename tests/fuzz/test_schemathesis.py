@@ -1,0 +1,194 @@
+"""Schemathesis fuzzing of every operation in docs/openapi.yaml against a real `flarebox serve`.
+
+With the right token every answer must conform to the spec (documented status, content type, headers and body; no
+5xx; invalid input rejected), every error must carry a code the spec documents for that status, and every exec/reattach
+stream line must be a valid ExecEvent ending in exactly one terminal event (schemathesis has no NDJSON support, so
+that part is checked here). With a wrong or missing token every operation must answer 401 `unauthorized`.
+
+The fuzzer's commands run in real bubblewrap sandboxes: it works in its own namespace, and exec timeouts are clamped
+to a few seconds so a generated `yes` or `sleep` cannot hold the run.
+"""
+
+import json
+import os
+import re
+from functools import cache
+from pathlib import Path
+
+import jsonschema
+import pytest
+import schemathesis
+import yaml
+from e2e import rid, ws_url
+from hypothesis import HealthCheck, settings
+from schemathesis.checks import not_a_server_error
+from schemathesis.specs.openapi.checks import (
+    content_type_conformance,
+    negative_data_rejection,
+    response_headers_conformance,
+    response_schema_conformance,
+    status_code_conformance,
+)
+
+SPEC_PATH = Path(__file__).resolve().parents[2] / "docs" / "openapi.yaml"
+NAMESPACE = "fuzz"
+# The fuzzer's workspace names are steered onto these (and sometimes left random, which is 404 ground).
+PERSISTENT, EPHEMERAL = "persist", "ephem"
+DOOMED = "doomed"  # DELETE is steered here so the other two survive the run
+EXEC_TIMEOUT_CAP = 3
+# Examples per operation: small for CI; FUZZ_EXAMPLES=500 for a deeper local run.
+EXAMPLES = int(os.environ.get("FUZZ_EXAMPLES", "30"))
+CHECKS = [
+    not_a_server_error,
+    status_code_conformance,
+    content_type_conformance,
+    response_headers_conformance,
+    response_schema_conformance,
+    negative_data_rejection,
+]
+
+pytestmark = [pytest.mark.timeout(240)]
+
+schema = schemathesis.openapi.from_path(SPEC_PATH)
+
+
+@cache
+def spec() -> dict:
+    return yaml.safe_load(SPEC_PATH.read_text())
+
+
+def _resolve(node: dict) -> dict:
+    while "$ref" in node:
+        target = spec()
+        for part in node["$ref"].lstrip("#/").split("/"):
+            target = target[part]
+        node = target
+    return node
+
+
+@cache
+def documented_codes(path: str, method: str, status: int) -> frozenset[str]:
+    """The error codes the spec names (in backticks) for this operation and status."""
+    known = set(spec()["components"]["schemas"]["ErrorCode"]["enum"])
+    response = _resolve(spec()["paths"][path][method.lower()]["responses"][str(status)])
+    return frozenset(code for code in re.findall(r"`([a-z_]+)`", response.get("description", "")) if code in known)
+
+
+@cache
+def event_validator() -> jsonschema.Draft202012Validator:
+    # the whole spec as the root, so the ExecEvent $refs resolve
+    root = dict(spec())
+    root["$ref"] = "#/components/schemas/ExecEvent"
+    return jsonschema.Draft202012Validator(root)
+
+
+def check_error_code(case, response) -> None:
+    if response.status_code < 400:
+        return
+    code = response.json()["error"]["code"]
+    if case.method.upper() != case.operation.method.upper():
+        # schemathesis probes methods the route lacks: protocol.md §4 answers those 405 method_not_allowed
+        assert (response.status_code, code) == (405, "method_not_allowed"), (case.method, response.text)
+        return
+    allowed = documented_codes(case.operation.path, case.operation.method, response.status_code)
+    where = f"{case.method} {case.operation.path} → {response.status_code}"
+    assert code in allowed, f"{where} {code!r}; documented: {sorted(allowed)}"
+
+
+def check_event_stream(response) -> None:
+    if response.status_code != 200 or not response.headers.get("content-type", [""])[0].startswith(
+        "application/x-ndjson"
+    ):
+        return
+    lines = [line for line in response.content.decode("utf-8").split("\n") if line]
+    events = [json.loads(line) for line in lines]
+    for event in events:
+        errors = sorted(event_validator().iter_errors(event), key=str)
+        assert not errors, f"invalid event {event}: {errors[0].message}"
+    terminal = [i for i, e in enumerate(events) if e["type"] in ("exit", "error")]
+    assert terminal == [len(events) - 1], f"the stream must end with exactly one terminal event: {events}"
+
+
+def _valid_name(value) -> bool:
+    return isinstance(value, str) and re.fullmatch(r"[a-z0-9][a-z0-9_.-]{0,62}", value) is not None
+
+
+def steer(case) -> None:
+    """Point valid names at the fuzzer's own workspaces and bound exec timeouts; invalid values stay invalid."""
+    params = case.path_parameters or {}
+    if _valid_name(params.get("namespace")):
+        params["namespace"] = NAMESPACE
+    workspace = params.get("workspace")
+    if _valid_name(workspace):
+        deleting = case.operation.method.upper() == "DELETE"
+        choices = (DOOMED, workspace) if deleting else (PERSISTENT, EPHEMERAL, workspace)
+        params["workspace"] = choices[len(workspace) % len(choices)]
+    query = case.query if isinstance(case.query, dict) else {}
+    path = query.get("path")
+    if case.operation.path.endswith("/files") and isinstance(path, str) and path.startswith("/") and "\0" not in path:
+        if len(path) % 2 == 0:
+            query["path"] = f"/workspace/f{len(path) % 5}"  # files the fixture wrote: reads that succeed
+    if case.operation.path.endswith("/exec") and isinstance(case.body, dict):
+        if isinstance(case.body.get("request_id"), str) and re.fullmatch(r"[0-9a-f]{32}", case.body["request_id"]):
+            case.body["request_id"] = rid()  # generated ids repeat (000…): mostly run, not duplicate_request
+        timeout = case.body.get("timeout", None)
+        if timeout is None or (isinstance(timeout, int | float) and not isinstance(timeout, bool)
+                               and EXEC_TIMEOUT_CAP < timeout <= 900):
+            case.body["timeout"] = EXEC_TIMEOUT_CAP
+
+
+def ensure_workspace(client, case) -> None:
+    """Re-create the steered workspace if an earlier case stopped (ephemeral) or deleted it; 409 means it exists."""
+    params = case.path_parameters or {}
+    if params.get("namespace") != NAMESPACE or params.get("workspace") not in (PERSISTENT, EPHEMERAL, DOOMED):
+        return
+    body = {"persistent": params["workspace"] != EPHEMERAL}
+    assert client.put(ws_url(NAMESPACE, params["workspace"]), json=body).status_code in (200, 201, 409)
+
+
+@pytest.fixture(scope="module")
+def api(fuzz_server):
+    with fuzz_server.client() as client:
+        for name, persistent in ((PERSISTENT, True), (EPHEMERAL, False)):
+            response = client.put(ws_url(NAMESPACE, name), json={"persistent": persistent})
+            assert response.status_code in (200, 201), response.text
+            for i in range(5):
+                url = ws_url(NAMESPACE, name, "files")
+                assert client.put(url, params={"path": f"/workspace/f{i}"}, content=b"x" * i).status_code == 200
+        # boot the persistent one now so the fuzz run does not pay for it under its deadline
+        body = {"request_id": rid(), "command": "true"}
+        with client.stream("POST", ws_url(NAMESPACE, PERSISTENT, "exec"), json=body) as response:
+            assert response.status_code == 200
+            response.read()
+    return fuzz_server
+
+
+@pytest.fixture(scope="module")
+def api_client(api):
+    with api.client() as client:
+        yield client
+
+
+@schema.parametrize()
+@settings(max_examples=EXAMPLES, deadline=None, suppress_health_check=list(HealthCheck), derandomize=True)
+def test_operations_conform_with_token(case, api, api_client):
+    steer(case)
+    ensure_workspace(api_client, case)
+    headers = api.headers()
+    response = case.call(base_url=api.url, headers=headers, timeout=60)
+    case.validate_response(response, checks=CHECKS, headers=headers)
+    check_error_code(case, response)
+    check_event_stream(response)
+
+
+@schema.parametrize()
+@settings(max_examples=5, deadline=None, suppress_health_check=list(HealthCheck), derandomize=True)
+@pytest.mark.parametrize("authorization", [None, "Bearer wrong-token", "Basic dXNlcjpwYXNz"])
+def test_operations_refuse_without_valid_token(case, api, authorization):
+    steer(case)
+    headers = {"Authorization": authorization} if authorization else {}
+    response = case.call(base_url=api.url, headers=headers, timeout=30)
+    assert response.status_code == 401, (response.status_code, response.text)
+    assert response.json()["error"]["code"] == "unauthorized"
+    case.validate_response(response, checks=[status_code_conformance, content_type_conformance,
+                                             response_schema_conformance], headers=headers)
