@@ -20,8 +20,7 @@ def default_data_dir() -> Path:
     env = os.environ.get("FLAREBOX_DATA_DIR")
     if env:
         return Path(env).expanduser()
-    base = os.environ.get("XDG_DATA_HOME") or os.path.join(os.path.expanduser("~"), ".local", "share")
-    return Path(base) / "flarebox"
+    return Path.home() / ".local" / "share" / "flarebox"
 
 
 def _parser() -> argparse.ArgumentParser:
