@@ -45,6 +45,36 @@ class _Entry:
     inflight: int = 0  # calls and alarms running on the object: it is only forgotten when idle
 
 
+class _EntryClock:
+    """The server's clock as one workspace sees it: work the workspace spawns (an exec's relay, which outlives the
+    request that started it) counts as in flight, so the object — its SQLite file, its directory — is never
+    forgotten under a task still using it (a DELETE racing an exec then ends that exec with workspace_not_found)."""
+
+    def __init__(self, clock: AsyncioClock, registry: "WorkspaceRegistry", holder: dict):
+        self._clock = clock
+        self._registry = registry
+        self._holder = holder
+
+    def now_ms(self) -> int:
+        return self._clock.now_ms()
+
+    async def sleep(self, seconds: float) -> None:
+        await self._clock.sleep(seconds)
+
+    def spawn(self, coro: Any) -> asyncio.Task:
+        entry = self._holder["entry"]
+        entry.inflight += 1
+
+        async def tracked() -> Any:
+            try:
+                return await coro
+            finally:
+                entry.inflight -= 1
+                self._registry.forget_if_gone(entry)
+
+        return self._clock.spawn(tracked())
+
+
 class _Stub:
     """ports.WorkspaceStub: an in-process call (a Durable Object stub's fetch on Cloudflare)."""
 
@@ -130,7 +160,7 @@ class WorkspaceRegistry:
             settings=self.settings,
             storage=storage,
             alarm=alarm,
-            clock=self.clock,
+            clock=_EntryClock(self.clock, self, holder),
             container=container,
             streams=self._streams,
         )

@@ -1,5 +1,6 @@
 """Fault tests against a real `flarebox serve`: the e2e helpers of tests/standalone are shared (not copied)."""
 
+import os
 import sys
 from pathlib import Path
 
@@ -28,4 +29,5 @@ def start_server():
     finally:
         for proc in started:
             proc.stop()
-        remove_temp_dir(root)
+        if os.environ.get("FBX_KEEP") is None:
+            remove_temp_dir(root)
