@@ -15,6 +15,7 @@ import uvicorn
 from standalone import redact
 from standalone.clock import AsyncioClock
 from standalone.config import load_settings
+from standalone.http_protocol import FlareboxH11Protocol
 from standalone.registry import WorkspaceRegistry
 from standalone.sandbox_driver import SandboxDriver
 from standalone.server import FlareboxApp
@@ -75,7 +76,7 @@ def run_server(*, host: str, port: int, data_dir: Path, log_level: str = "info")
         host=host,
         port=port,
         log_level=log_level,
-        http="h11",
+        http=FlareboxH11Protocol,  # h11, with the documented 431 for heads too big for its buffer
         lifespan="on",
         h11_max_incomplete_event_size=MAX_INCOMPLETE_EVENT,
         timeout_graceful_shutdown=GRACEFUL_SECONDS,
