@@ -11,6 +11,9 @@ capabilities and no nested user namespaces. It never runs as host root: a root s
 unprivileged host uid/gid (default 64000:64000, owner of the live dirs), mapped to the sandbox uid inside
 (default 1000); an unprivileged server runs it as itself. See sandbox_launch.py for how a root server gets bind
 sources below private directories to that uid.
+
+Not isolated: with internet on, the sandbox shares the host's network namespace (so it also reaches services on
+the host's loopback); disk use is not limited (the live dirs are plain host directories).
 """
 
 import asyncio
@@ -311,7 +314,7 @@ class SandboxContainer:
                     "startup_timeout", f"the sandbox did not answer /health in {self.startup_timeout:g} s"
                 )
             await asyncio.sleep(delay)
-            delay = min(delay * 2, 0.1)
+            delay = min(delay * 2, 0.05)
 
     def _log_tail(self, limit: int = 600) -> str:
         try:
