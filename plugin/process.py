@@ -30,6 +30,7 @@ INFRA_ERROR_CODES = frozenset(
         "startup_timeout",
         "container_unavailable",
         "container_exited",
+        "storage_full",
         "exec_failed",
         "internal_error",
         "invalid_cwd",

@@ -51,6 +51,7 @@ ERRORS: dict[str, tuple[int, str]] = {
     "container_exited": (503, "the container stopped while the request ran"),
     "startup_timeout": (503, "the container did not become ready in time"),
     "container_unavailable": (503, "the container could not be started or reached"),
+    "storage_full": (507, "the server's disk is full; nothing was recorded or run — free space and retry"),
     "internal_error": (500, "unexpected server error"),
 }
 

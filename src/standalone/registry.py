@@ -22,12 +22,14 @@ from durable.ports import Container, Response
 from durable.settings import Settings
 from standalone.alarms import PersistentAlarm, persisted_alarm_at
 from standalone.clock import AsyncioClock
+from standalone.reserve import DiskReserve
 from standalone.storage import SqliteStorage
 from standalone.streams import QueueStreams
 
 log = logging.getLogger("flarebox.registry")
 
 STATE_FILE = "state.sqlite3"
+RESERVE_FILE = "disk-reserve"
 
 # (namespace, workspace, workspace_dir) → the workspace's container (a bubblewrap sandbox)
 ContainerFactory = Callable[[str, str, Path], Container]
@@ -109,6 +111,8 @@ class WorkspaceRegistry:
         self._streams = QueueStreams()
         self._entries: dict[tuple[str, str], _Entry] = {}
         self._closing = False
+        self.data_dir.mkdir(parents=True, exist_ok=True)
+        self.reserve = DiskReserve(self.data_dir / RESERVE_FILE)
 
     # --- ports.WorkspaceDirectory ----------------------------------------------------------------------------
 
@@ -138,7 +142,7 @@ class WorkspaceRegistry:
 
         directory = self.workspace_dir(namespace, name)
         directory.mkdir(parents=True, exist_ok=True)
-        storage = SqliteStorage(directory / STATE_FILE)
+        storage = SqliteStorage(directory / STATE_FILE, self.reserve)
         holder: dict[str, _Entry] = {}
 
         async def fire() -> None:
