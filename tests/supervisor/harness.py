@@ -167,3 +167,13 @@ def kill_group(pgid: int) -> None:
         os.killpg(pgid, signal.SIGKILL)
     except ProcessLookupError:
         pass
+
+
+def next_event(lines) -> dict:
+    """The next non-heartbeat event from an iterator of NDJSON lines (heartbeats depend on machine speed)."""
+    for line in lines:
+        if line:
+            event = json.loads(line)
+            if event["type"] != "heartbeat":
+                return event
+    raise AssertionError("stream ended early")

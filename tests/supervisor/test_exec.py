@@ -7,7 +7,7 @@ import pytest
 
 from protocol.limits import MAX_OUTPUT_FRAME_CHARS
 
-from .harness import IS_ROOT, LEAK_CANARY, SANDBOX_USER, needs_root, new_id, parse_ndjson
+from .harness import IS_ROOT, LEAK_CANARY, SANDBOX_USER, needs_root, new_id, next_event, parse_ndjson
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -28,7 +28,7 @@ def test_output_arrives_while_the_command_runs(supervisor):
     body = {"request_id": new_id(), "command": "echo first; while [ ! -e release ]; do sleep 0.05; done; echo second"}
     with supervisor.stream("POST", "/exec", json=body) as response:
         lines = response.iter_lines()
-        first = json.loads(next(lines))
+        first = next_event(lines)
         assert first == {"type": "output", "data": "first\n", "offset": 0}
         # the command cannot have finished: it waits for the file we have not created yet
         assert supervisor.client.get("/health").json()["running"] == 1

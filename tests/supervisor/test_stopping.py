@@ -7,7 +7,7 @@ import pytest
 
 from protocol.limits import CANCELLED_EXIT_CODE, KILL_GRACE_SECONDS, MAX_OUTPUT_CHARS, TIMEOUT_EXIT_CODE
 
-from .harness import group_alive, kill_group, new_id, parse_ndjson, wait_until
+from .harness import group_alive, kill_group, new_id, next_event, parse_ndjson, wait_until
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -42,7 +42,7 @@ def test_cancel_during_a_command(supervisor):
     body = {"request_id": request_id, "command": "echo $$ > pgid; sleep 30 & echo started; sleep 30"}
     with supervisor.stream("POST", "/exec", json=body) as response:
         lines = response.iter_lines()
-        assert json.loads(next(lines))["data"] == "started\n"
+        assert next_event(lines)["data"] == "started\n"
         cancelled = supervisor.client.post(f"/exec/{request_id}/cancel")
         assert cancelled.json() == {"request_id": request_id, "state": "cancelled"}
         events = [json.loads(line) for line in lines if line]
