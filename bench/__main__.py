@@ -1,4 +1,6 @@
-"""python -m bench [--only NAME]... [--quick]: run benchmark modules, write bench/out/results.json, print a table."""
+"""python -m bench [--only NAME]... [--quick]: run benchmark modules, write bench/out/results.json, print a table,
+and write the report (bench/report.py): bench/results.md and bench/plots/*.png for a run of every module, or
+bench/out/results.md and bench/out/plots/ for a run limited by --only (the committed report stays whole)."""
 
 import argparse
 import datetime
@@ -10,6 +12,7 @@ import sys
 import traceback
 from pathlib import Path
 
+from bench import report as bench_report
 from bench.framework import markdown_table, normalize
 
 HERE = Path(__file__).resolve().parent
@@ -45,6 +48,8 @@ def main(argv: list[str] | None = None) -> int:
             results.append({"module": name, **normalize(row)})
     out = HERE / "out"
     out.mkdir(exist_ok=True)
+    full_results = results
+    results, _ = bench_report.split_samples(results)  # sample lists go to the plots, not results.json
     report = {
         "generated_at": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
         "quick": args.quick,
@@ -54,6 +59,8 @@ def main(argv: list[str] | None = None) -> int:
     }
     (out / "results.json").write_text(json.dumps(report, indent=2) + "\n")
     print(markdown_table(results))
+    written = bench_report.write(report, full_results, out if args.only else HERE)
+    print(f"\nreport: {written.relative_to(HERE.parent)}", file=sys.stderr)
     if failures:
         print(f"\nfailed: {', '.join(failures)}", file=sys.stderr)
     return 1 if failures else 0
