@@ -21,6 +21,9 @@ def _ms(samples: list[float]) -> list[float]:
 
 
 def _errors_row(name: str, tally: loadgen.Tally, note: str) -> dict:
+    if tally.errors:
+        kind, why = tally.errors[0]
+        note += f"; first error ({kind}): {why[:160]}"
     row = figure(name, len(tally.errors), "errors", "goal", 0, note=note)
     row.update(goal_text="0", met=not tally.errors, ratio=None)
     return row
@@ -40,9 +43,7 @@ def run(quick: bool = False) -> list[dict]:
         server.stop()
     served = sum(len(v) for v in loaded.samples.values())
     label = f"{clients} clients, {workspaces} workspaces, {seconds} s"
-    rows.append(_errors_row(f"load: errors ({label})", loaded,
-                            f"{served} requests served; first errors: {loaded.errors[:3]}" if loaded.errors
-                            else f"{served} requests served"))
+    rows.append(_errors_row(f"load: errors ({label})", loaded, f"{served} requests served"))
     one_client_rate = 1 / statistics.fmean(s for v in alone.samples.values() for s in v)
     rows.append(figure(f"load: throughput ({label})", served / seconds, "req/s", "one client alone, same mix",
                        one_client_rate, goal=1.0, better="higher",

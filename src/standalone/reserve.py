@@ -66,5 +66,8 @@ class DiskReserve:
 
     def recheck(self) -> None:
         """After a successful write: put a released ballast back, at most every RECHECK_SECONDS."""
-        if time.monotonic() - self._checked >= RECHECK_SECONDS and not self.path.exists():
+        if time.monotonic() - self._checked < RECHECK_SECONDS:
+            return
+        self._checked = time.monotonic()
+        if not self.path.exists():
             self.ensure()
