@@ -288,8 +288,9 @@ class Client:
     def _workspace(self, ns: str, ws: str, *rest: str) -> str:
         return self._url("workspaces", check_name(ns, "namespace"), check_name(ws, "workspace"), *rest)
 
-    def _timeout(self, read: float | None) -> httpx.Timeout | None:
-        return None if read is None else httpx.Timeout(read, connect=self._connect_timeout)
+    def _timeout(self, read: float | None) -> Any:
+        # None means "the client's default" here; passing None on to httpx would disable every timeout.
+        return httpx.USE_CLIENT_DEFAULT if read is None else httpx.Timeout(read, connect=self._connect_timeout)
 
     def _send(self, method: str, url: str, *, read_timeout: float | None = None, **kwargs: Any) -> httpx.Response:
         try:

@@ -12,7 +12,7 @@ from .config import PROBE_TASK_ID, SECRET_KEYS, ConfigError, load_settings, read
 
 logger = logging.getLogger(__name__)
 
-PROBE_SECONDS = 2.0
+PROBE_SECONDS = 1.0  # per phase (connect, read): the whole probe stays within Hermes' ~2 s budget
 
 
 class CloudflareSandboxProvider(TerminalEnvironmentProvider):

@@ -410,3 +410,13 @@ def test_a_stalled_stream_is_a_transport_error_without_the_word_timeout(server, 
         list(client.exec(NS, WS, {"request_id": RID, "command": "sleep 9"}, read_timeout=0.5))
     # Hermes turns any backend error mentioning "timeout" into a fake exit 124
     assert "timeout" not in str(err.value).lower() and err.value.connected
+
+
+def test_plain_calls_have_a_read_deadline(server):
+    server.routes[("GET", "/v1/health")] = _slow_stream(3.0, b'{"ok":true}')
+    with Client(server.endpoint, TOKEN, timeout=0.5) as c:
+        started = time.monotonic()
+        with pytest.raises(TransportError) as err:
+            c.health()
+    assert time.monotonic() - started < 2.5
+    assert "stopped answering" in str(err.value)

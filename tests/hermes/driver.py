@@ -94,6 +94,24 @@ def s_registration(args):
     }
 
 
+def s_probe(args):
+    """provider.probe() against an endpoint that refuses and one that never answers: bounded, never raises."""
+    discover()
+    from agent.terminal_env_registry import get_provider
+
+    provider = get_provider("cloudflare_sandbox")
+    out = {}
+    for label, endpoint in (("refused", "http://127.0.0.1:9"), ("silent", args["silent"])):
+        os.environ["HERMES_CF_ENDPOINT"] = endpoint
+        started = time.monotonic()
+        out[label] = {"probe": list(provider.probe()), "seconds": time.monotonic() - started}
+    os.environ.pop("HERMES_CF_ENDPOINT")
+    out["unset"] = list(provider.probe())
+    out["unset_doctor"] = [list(row) for row in provider.doctor_checks()]
+    out["unset_available"] = provider.is_available()
+    return out
+
+
 def s_secret_scope(args):
     """With gateway multiplexing on and no profile scope bound, Hermes' get_secret raises: the plugin must fail
     closed instead of reading os.environ (which holds valid settings here)."""

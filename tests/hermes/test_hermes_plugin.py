@@ -33,6 +33,20 @@ def test_approvals_can_be_kept_on(iot):
     assert r["flags"]["skip_container_guards"] is False
 
 
+def test_probe_is_bounded_and_never_raises(iot):
+    import socket
+
+    with socket.socket() as silent:  # accepts connections (backlog) but never answers
+        silent.bind(("127.0.0.1", 0))
+        silent.listen(8)
+        r = iot.run("probe", {"silent": f"http://127.0.0.1:{silent.getsockname()[1]}"})
+    assert r["refused"]["probe"][0] == "unavailable" and "unreachable" in r["refused"]["probe"][1]
+    assert r["silent"]["probe"][0] == "unavailable"
+    assert r["silent"]["seconds"] < 2.5  # Hermes' dashboard budget is ~2 s
+    assert r["unset"][0] == "needs_setup" and "HERMES_CF_ENDPOINT" in r["unset"][1]
+    assert r["unset_available"] is False and r["unset_doctor"][0][0] is False
+
+
 def test_unscoped_secrets_fail_closed(iot):
     r = iot.run("secret_scope")
     assert r["available_before"] is True
