@@ -5,6 +5,7 @@ else promptly, so the server gives up on a sandbox that sends nothing for SUPERV
 ends the request with a clear error; a boot gives up after the sandbox's startup budget. Once the supervisor runs
 again (SIGCONT), or its sandbox is killed and restarted, the workspace works with every file intact."""
 
+import json
 import os
 import shutil
 import signal
@@ -12,7 +13,7 @@ import threading
 import time
 
 import pytest
-from e2e import exec_events, output_of, put_workspace, run_ok, started, terminal, ws_url
+from e2e import exec_events, output_of, put_workspace, rid, run_ok, started, terminal, wait_until, ws_url
 from faults import assert_files, cmdline, put_files, sample_files, supervisor_pids
 
 pytestmark = [pytest.mark.timeout(240), pytest.mark.skipif(not shutil.which("bwrap"), reason="needs bubblewrap")]
@@ -28,7 +29,6 @@ def test_exec_on_a_frozen_supervisor_ends_with_an_error_and_recovers_after_sigco
         put_files(client, "frz", "exec", files)
         pids = supervisor_pids(srv, "exec")
         assert len(pids) == 1, pids
-        os.kill(pids[0], signal.SIGSTOP)
         results: dict = {}
 
         def timed(name, fn):
@@ -45,11 +45,22 @@ def test_exec_on_a_frozen_supervisor_ends_with_an_error_and_recovers_after_sigco
                 return own.get(ws_url("frz", "exec", "files"), params={"path": "/workspace/notes.txt"},
                                timeout=SILENCE_BOUND + 30)
 
-        # an exec and a file read on the frozen sandbox at once: both must end with an error, within the bound
-        threads = [threading.Thread(target=timed, args=("exec", run_exec)),
-                   threading.Thread(target=timed, args=("file", read_file))]
+        def long_exec():
+            with srv.client() as own:
+                return exec_events(own, "frz", "exec", "echo begun; sleep 300", timeout=SILENCE_BOUND + 60,
+                                   request_id=long_id)
+
+        # a command already streaming when the supervisor freezes, plus a new exec and a file read on the frozen
+        # sandbox: all three must end with an error within the bound
+        long_id = rid()
+        threads = [threading.Thread(target=timed, args=("long", long_exec))]
+        threads[0].start()
+        wait_until(lambda: client.get(ws_url("frz", "exec")).json()["busy"], 30, what="the long command to run")
+        os.kill(pids[0], signal.SIGSTOP)
+        threads += [threading.Thread(target=timed, args=("exec", run_exec)),
+                    threading.Thread(target=timed, args=("file", read_file))]
         try:
-            for t in threads:
+            for t in threads[1:]:
                 t.start()
             time.sleep(1)
             status = client.get(ws_url("frz", "exec"), timeout=30)  # status never hangs (short busy probe)
@@ -64,9 +75,17 @@ def test_exec_on_a_frozen_supervisor_ends_with_an_error_and_recovers_after_sigco
         assert end["type"] == "error" and end["code"] in ("container_unavailable", "container_exited"), results
         assert "answering" in end["message"], end  # says the sandbox stopped answering, not a generic failure
         assert results["exec_took"] < SILENCE_BOUND, results["exec_took"]
+        long_end = terminal(results["long"])
+        assert long_end["type"] == "error" and "answering" in long_end["message"], results["long"]
+        assert output_of(results["long"]) == "begun\n"
         resp = results["file"]
         assert resp.status_code >= 500 and resp.json()["error"]["code"].startswith("container_"), resp.text
         assert results["file_took"] < SILENCE_BOUND, results["file_took"]
+        # the streaming command outlived the freeze: its outcome is still there (cancel it, then reattach)
+        assert client.post(ws_url("frz", "exec", "exec", long_id, "cancel")).json()["state"] == "cancelled"
+        with client.stream("GET", ws_url("frz", "exec", "exec", long_id), params={"offset": 0}) as again:
+            replay = [json.loads(line) for line in again.iter_lines() if line.strip()]
+        assert output_of(replay) == "begun\n" and terminal(replay)["reason"] == "cancelled", replay
         out, events = run_ok(client, "frz", "exec", "echo alive")
         assert out == "alive\n" and started(events)["container"] == "continuing"
         assert_files(client, "frz", "exec", files)

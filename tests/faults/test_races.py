@@ -14,7 +14,7 @@ from protocol.errors import ERRORS
 
 pytestmark = [pytest.mark.timeout(240), pytest.mark.skipif(not shutil.which("bwrap"), reason="needs bubblewrap")]
 
-ITERATIONS = 40  # per client
+ITERATIONS = 75  # per client
 CONFIG = {"persistent": True}
 # what a racing operation may legitimately meet: the workspace deleted under it, or a lifecycle step in progress
 ALLOWED = {
