@@ -206,9 +206,10 @@ class RemoteProcess:
                 if failures > REATTACH_ATTEMPTS:
                     self._fail("transport", f"lost the connection to the Flarebox server: {exc.reason}")
                     return None
-                if request is None:
-                    pass  # staging stdin failed: the command was not sent; stage again
-                elif offset is None and sent:
+                if request is None:  # uploading stdin failed; the command was never sent (and no upload is retried)
+                    self._fail("transport", f"could not upload stdin to the Flarebox server: {exc.reason}")
+                    return None
+                if offset is None and sent:
                     offset = 0  # maybe it started; reattach tells (request_not_found if not)
                 time.sleep(min(0.25 * 2**failures, 2.0))
             except FlareboxError as exc:  # ProtocolViolation: the server or a proxy broke the protocol
