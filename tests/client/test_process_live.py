@@ -192,3 +192,12 @@ def test_unknown_outcome_is_an_error_not_an_exit_code(server, workspace):
         proc = make_process(dead, name, "true")
         read_all(proc)
     assert proc.error_code == "transport" and "did not run" in proc.error
+
+
+def test_output_over_the_limit_is_reported_not_truncated_silently(server, workspace):
+    client, name = workspace
+    proc = make_process(client, name, "head -c 2100000 /dev/zero | tr '\\0' a; echo never-reached")
+    output = read_all(proc).decode()
+    assert proc.returncode == 1 and proc.error is None  # the command's own outcome, not a connection failure
+    assert output.endswith("(output_limit)]\n")
+    assert "never-reached" not in output

@@ -461,6 +461,18 @@ def s_base_019(args):
     out["concurrent_seconds"] = time.monotonic() - started
     env.cleanup(force_remove=True)
     env.cleanup()
+    # the server unreachable: 0.19.0 has no EnvironmentConnectionError; the plugin's fallback is a RuntimeError
+    import dataclasses
+
+    from flarebox_plugin_under_test.config import load_settings
+    from flarebox_plugin_under_test.environment import CloudflareSandboxEnvironment
+
+    dead = dataclasses.replace(load_settings(), endpoint="http://127.0.0.1:9")
+    try:
+        CloudflareSandboxEnvironment(settings=dead, workspace="dead", cwd="/workspace", timeout=10, persistent=True)
+        out["dead"] = None
+    except Exception as exc:
+        out["dead"] = [type(exc).__name__, isinstance(exc, RuntimeError), str(exc), getattr(exc, "retry_hint", "")]
     return out
 
 

@@ -33,3 +33,6 @@ def test_base_environment_on_hermes_019(old_hermes):
     assert r["terminal_tool"]["output"] == "hello from 0.19"
     assert {k: v["output"] for k, v in r["concurrent"].items()} == {str(i): f"c{i}\n" for i in range(4)}
     assert r["concurrent_seconds"] < 20  # four 1 s commands ran side by side, not one after another
+    name, is_runtime_error, message, hint = r["dead"]
+    assert name == "EnvironmentConnectionError" and is_runtime_error
+    assert "cannot reach the Flarebox server" in message and "Flarebox" in hint
