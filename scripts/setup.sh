@@ -6,7 +6,7 @@ cd "$(dirname "$0")/.."
 mode=${1:-runtime}
 
 need_apt=()
-for bin in bwrap:bubblewrap zstd:zstd curl:curl tar:tar; do
+for bin in bwrap:bubblewrap zstd:zstd curl:curl tar:tar slirp4netns:slirp4netns; do
   command -v "${bin%%:*}" >/dev/null 2>&1 || need_apt+=("${bin##*:}")
 done
 if [ "$mode" = dev ]; then

@@ -5,15 +5,18 @@ One `SandboxContainer` per workspace implements the `Container` port. Its files 
 (`has_disk()`), and snapshots archive exactly that directory.
 
 Isolation: read-only /usr, /etc (with a generated passwd/group naming user `sandbox`), /bin, /lib*, /sbin and the
-Python that runs the supervisor; its own PID, IPC, UTS (hostname = workspace) and cgroup namespaces; no network
-namespace unless internet is off; a clean environment (nothing of the server's, so never SANDBOX_API_TOKEN); no
-capabilities and no nested user namespaces. It never runs as host root: a root server starts bwrap as an
-unprivileged host uid/gid (default 64000:64000, owner of the live dirs), mapped to the sandbox uid inside
-(default 1000); an unprivileged server runs it as itself. See sandbox_launch.py for how a root server gets bind
-sources below private directories to that uid.
+Python that runs the supervisor; its own PID, IPC, UTS (hostname = workspace) and cgroup namespaces; its own network
+namespace: empty when internet is off, and with internet on (root server with slirp4netns) an outbound-only
+user-mode NAT that refuses the host's loopback, so a sandbox never reaches this server's port or other local services
+(see network.py; otherwise it shares the host network, and `flarebox serve` says so); a clean environment (nothing
+of the server's, so never SANDBOX_API_TOKEN); no capabilities and no nested user namespaces. It never runs as host
+root: a root server starts bwrap as an unprivileged host uid/gid (default 64000:64000, owner of the live dirs),
+mapped to the sandbox uid inside (default 1000); an unprivileged server runs it as itself. See sandbox_launch.py for
+how a root server gets bind sources below private directories to that uid.
 
-Not isolated: with internet on, the sandbox shares the host's network namespace (so it also reaches services on
-the host's loopback); disk use is not limited (the live dirs are plain host directories).
+Not isolated: with internet on and no slirp4netns (or an unprivileged server), the sandbox shares the host's network
+namespace (so it also reaches services on the host's loopback); disk use is not limited (the live dirs are plain
+host directories).
 """
 
 import asyncio
@@ -38,6 +41,7 @@ from durable.ports import ContainerGone, SnapshotInfo, StartSpec
 from protocol import limits
 from protocol.errors import ProtocolError
 from standalone.cgroups import Cgroups, SandboxGroup, limits_for
+from standalone.network import PrivateNetwork, private_network_available
 from standalone.snapshots import SnapshotStore
 
 log = logging.getLogger("flarebox.sandbox")
@@ -161,6 +165,7 @@ class SandboxContainer:
         self.log_path = Path(runtime_dir) / f"{key}.log"
         self._proc: subprocess.Popen | None = None
         self._group: SandboxGroup | None = None
+        self._net: PrivateNetwork | None = None
         self._client: httpx.AsyncClient | None = None
         self._lock = asyncio.Lock()
         self._clean_restore_leftovers()
@@ -198,6 +203,8 @@ class SandboxContainer:
                     )
                 self._prepare_live_dirs()
                 self._spawn(spec)
+                if self._net is not None:
+                    await self._net.start(self._proc.pid, self.startup_timeout, self.log_path, self.running)
                 await self._wait_ready()
             except (OSError, ValueError, subprocess.SubprocessError) as exc:
                 await self._kill()
@@ -238,8 +245,9 @@ class SandboxContainer:
             argv = [shutil.which("bwrap") or "/usr/bin/bwrap"]
             argv += ["--unshare-user", "--uid", str(self.ids.uid), "--gid", str(self.ids.gid), "--disable-userns"]
             argv += ["--unshare-pid", "--unshare-ipc", "--unshare-uts", "--unshare-cgroup-try"]
+            self._net = PrivateNetwork() if spec.enable_internet and private_network_available() else None
             if not spec.enable_internet:
-                argv += ["--unshare-net"]
+                argv += ["--unshare-net"]  # no network at all (a private one is made by the launcher, see network.py)
             argv += ["--hostname", self.workspace[:63], "--die-with-parent", "--new-session"]
             for path in _SYSTEM_DIRS:
                 if os.path.islink(path):
@@ -247,6 +255,8 @@ class SandboxContainer:
                 elif os.path.isdir(path):
                     argv += ["--ro-bind", path, path]
             argv += ["--ro-bind-data", str(passwd_fd), "/etc/passwd", "--ro-bind-data", str(group_fd), "/etc/group"]
+            if self._net is not None:
+                argv += self._net.bwrap_args()  # after /etc: it covers /etc/resolv.conf
             argv += ["--proc", "/proc", "--dev", "/dev"]
             argv += ["--bind", source(self.root_dir / "workspace"), "/workspace"]
             argv += ["--bind", source(self.root_dir / "home"), SANDBOX_HOME]
@@ -274,6 +284,7 @@ class SandboxContainer:
                 "gid": self.ids.host_gid if self._as_root else None,
                 "argv": argv,
                 "env": {"PATH": PATH},  # bwrap's own environment; the sandbox's is set by --clearenv/--setenv
+                **(self._net.launch_spec() if self._net is not None else {}),
             }
             with open(self.log_path, "ab") as log_file:
                 # spawned from the event loop's thread: --die-with-parent watches the thread that forked bwrap
@@ -283,12 +294,14 @@ class SandboxContainer:
                     stdout=log_file,
                     stderr=subprocess.STDOUT,
                     env={"PATH": PATH},
-                    pass_fds=(passwd_fd, group_fd),
+                    pass_fds=(passwd_fd, group_fd, *(self._net.child_fds() if self._net else ())),
                     start_new_session=True,
                 )
         finally:
             os.close(passwd_fd)
             os.close(group_fd)
+            if self._net is not None:
+                self._net.spawned()
         self._client = httpx.AsyncClient(
             transport=httpx.AsyncHTTPTransport(uds=str(self.socket_path)),
             base_url="http://sandbox",
@@ -353,6 +366,9 @@ class SandboxContainer:
         if self._proc is not None and self._proc.poll() is None:
             return
         self._proc = None
+        if self._net is not None:
+            net, self._net = self._net, None
+            await asyncio.to_thread(net.stop)
         if self._client is not None:
             client, self._client = self._client, None
             await client.aclose()

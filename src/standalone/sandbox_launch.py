@@ -5,6 +5,9 @@ Runs as the server's user in the process that becomes bwrap (so bwrap is the ser
 
 1. join the sandbox's cgroups (write our pid to each `cgroup.procs`): bwrap and every process it starts are then
    limited from their first instruction;
+1b. with a private network (network.py): enter a new network namespace (owned by the host's user namespace, so
+   nothing in the sandbox can reconfigure it), bring its loopback up, tell the server (`net_ready_fd`) and wait
+   until the server says slirp4netns has plugged the NAT in (`net_go_fd`);
 2. when root, stage the bind sources: in a private mount namespace, bind each host directory the sandbox needs
    (the workspace's live dirs, the Python install, the supervisor's sources) onto a fresh tmpfs at `stage`. bwrap
    then runs unprivileged and could not reach sources below a private directory (`/root`, pytest's 0700 temp
@@ -17,11 +20,18 @@ Stdlib only, no project imports: it runs with `-I` before anything else is set u
 
 import ctypes
 import ctypes.util
+import fcntl
 import json
 import os
+import socket
+import struct
 import sys
 
 CLONE_NEWNS = 0x00020000
+CLONE_NEWNET = 0x40000000
+SIOCGIFFLAGS = 0x8913
+SIOCSIFFLAGS = 0x8914
+IFF_UP = 0x1
 MS_BIND = 0x1000
 MS_REC = 0x4000
 MS_PRIVATE = 1 << 18
@@ -62,6 +72,20 @@ def stage_sources(stage: str, sources: list[str]) -> None:
         os.close(fd)
 
 
+def private_network(ready_fd: int, go_fd: int) -> None:
+    _check(_libc().unshare(CLONE_NEWNET), "unshare(CLONE_NEWNET)")
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as sock:
+        ifreq = struct.pack("16sH22x", b"lo", 0)
+        flags = struct.unpack("16sH22x", fcntl.ioctl(sock, SIOCGIFFLAGS, ifreq))[1]
+        fcntl.ioctl(sock, SIOCSIFFLAGS, struct.pack("16sH22x", b"lo", flags | IFF_UP))  # 127.0.0.1 comes with it
+    os.write(ready_fd, b"1")
+    os.close(ready_fd)
+    go = os.read(go_fd, 1)
+    os.close(go_fd)
+    if go != b"1":
+        raise OSError("the server did not set up the sandbox network")
+
+
 def drop_privileges(uid: int, gid: int) -> None:
     os.setgroups([])
     os.setresgid(gid, gid, gid)
@@ -73,6 +97,8 @@ def drop_privileges(uid: int, gid: int) -> None:
 def main() -> None:
     spec = json.loads(sys.argv[1])
     join_cgroups(spec.get("cgroup_procs", []))
+    if spec.get("net_ready_fd") is not None:
+        private_network(spec["net_ready_fd"], spec["net_go_fd"])
     if spec.get("stage"):
         stage_sources(spec["stage"], spec["sources"])
     if spec.get("uid") is not None:

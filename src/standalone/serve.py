@@ -12,7 +12,7 @@ from pathlib import Path
 
 import uvicorn
 
-from standalone import redact
+from standalone import network, redact
 from standalone.clock import AsyncioClock
 from standalone.config import load_settings
 from standalone.http_protocol import FlareboxH11Protocol
@@ -67,7 +67,7 @@ def run_server(*, host: str, port: int, data_dir: Path, log_level: str = "info")
     out.write(f"Instance limits: {driver.limits_report}\n")
     out.write(
         f"Idle workspaces are saved after {settings.idle_seconds} s; internet in sandboxes: "
-        f"{'on' if settings.enable_internet else 'off'}.\n"
+        f"{network.describe(settings.enable_internet)}.\n"
     )
     out.flush()
 
