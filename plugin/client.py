@@ -42,6 +42,7 @@ LOOPBACK_HOSTS = frozenset({"127.0.0.1", "::1", "localhost"})
 # above any honest frame and still bounds what a broken or hostile server can make us buffer.
 MAX_FRAME_BYTES = 1024 * 1024
 MAX_ERROR_BODY_BYTES = 64 * 1024
+MAX_JSON_BYTES = 16 * 1024 * 1024  # status objects and snapshot lists are small; this is only a safety bound
 MAX_MESSAGE_CHARS = 500
 # Heartbeats come every 10 s; a read stalled for this long means the stream is dead, not slow.
 STREAM_READ_TIMEOUT = 45.0
@@ -292,19 +293,21 @@ class Client:
         # None means "the client's default" here; passing None on to httpx would disable every timeout.
         return httpx.USE_CLIENT_DEFAULT if read is None else httpx.Timeout(read, connect=self._connect_timeout)
 
-    def _send(self, method: str, url: str, *, read_timeout: float | None = None, **kwargs: Any) -> httpx.Response:
+    def _json(self, method: str, url: str, *, read_timeout: float | None = None, **kwargs: Any) -> Any:
+        """One request with a JSON answer. Bodies are read with a cap: a broken or hostile server cannot make us
+        buffer without bound."""
         try:
-            response = self._http.request(method, url, timeout=self._timeout(read_timeout), **kwargs)
+            with self._http.stream(method, url, timeout=self._timeout(read_timeout), **kwargs) as response:
+                if not 200 <= response.status_code < 300:
+                    _raise_for_status(response, _read_capped(response))
+                body = _read_capped(response, MAX_JSON_BYTES + 1)
         except httpx.TransportError as exc:
             raise _transport_error(f"{method} {_path(url)} failed", exc) from None
-        _raise_for_status(response, response.content[:MAX_ERROR_BODY_BYTES])
-        return response
-
-    def _json(self, method: str, url: str, **kwargs: Any) -> Any:
-        response = self._send(method, url, **kwargs)
+        if len(body) > MAX_JSON_BYTES:
+            raise ProtocolViolation(f"{method} {_path(url)} answered with an oversized body")
         try:
-            return response.json()
-        except ValueError:
+            return json.loads(body.decode("utf-8"))
+        except (UnicodeDecodeError, ValueError):
             raise ProtocolViolation(f"{method} {_path(url)} answered with a body that is not JSON") from None
 
     # --- workspaces -----------------------------------------------------------------------------------------
@@ -418,13 +421,13 @@ def _path(url: str) -> str:
     return urlsplit(url).path
 
 
-def _read_capped(response: httpx.Response) -> bytes:
-    body = b""
+def _read_capped(response: httpx.Response, cap: int = MAX_ERROR_BODY_BYTES) -> bytes:
+    body = bytearray()
     for chunk in response.iter_raw():
         body += chunk
-        if len(body) >= MAX_ERROR_BODY_BYTES:
+        if len(body) >= cap:
             break
-    return body[:MAX_ERROR_BODY_BYTES]
+    return bytes(body[:cap])
 
 
 def _raise_for_status(response: httpx.Response, body: bytes) -> None:

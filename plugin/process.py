@@ -22,7 +22,8 @@ from .client import ApiError, FlareboxError, TransportError
 logger = logging.getLogger(__name__)
 
 CANCELLED_EXIT_CODE = 130
-# Infrastructure failures that say nothing about the command: execute() raises EnvironmentConnectionError.
+# Terminal error codes that are infrastructure failures saying nothing about the command: execute() raises
+# EnvironmentConnectionError. (command_cancelled and output_limit are the command's own outcomes.)
 INFRA_ERROR_CODES = frozenset(
     {
         "workspace_lost",
@@ -224,6 +225,8 @@ class RemoteProcess:
             # A real outcome of the command, not an infrastructure failure: say so in the output.
             self._write(f"\n[Flarebox: {event.get('message') or 'output limit exceeded'} ({code})]\n".encode())
             return 1
+        if code not in INFRA_ERROR_CODES:  # still an unknown outcome; a newer server may know more codes
+            logger.info("Flarebox stream ended with an unexpected error code %s", code)
         self._fail(code, f"the Flarebox workspace failed: {code}: {event.get('message', '')}")
         return None
 

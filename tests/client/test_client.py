@@ -420,3 +420,14 @@ def test_plain_calls_have_a_read_deadline(server):
             c.health()
     assert time.monotonic() - started < 2.5
     assert "stopped answering" in str(err.value)
+
+
+def test_oversized_json_answer_is_refused(server, client):
+    server.routes[("GET", W)] = lambda seen: (200, JSON, (b" " * 65536 for _ in range(300)))  # 19 MiB of spaces
+    with pytest.raises(ProtocolViolation, match="oversized"):
+        client.get_workspace(NS, WS)
+
+
+def test_created_status_is_a_success(server, client):
+    server.routes[("PUT", W)] = ok_json({"state": "created"}, 201)
+    assert client.put_workspace(NS, WS, {})["state"] == "created"
