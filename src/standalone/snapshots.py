@@ -10,6 +10,7 @@ checksum matched and both tools succeeded, so a damaged snapshot never replaces 
 GNU tar and zstd do the work (multithreaded zstd); Python only hashes and copies the compressed stream.
 """
 
+import contextlib
 import ctypes
 import ctypes.util
 import errno
@@ -215,9 +216,10 @@ class SnapshotStore:
             manifest = Manifest(id=snapshot_id, created_at_ms=int(time.time() * 1000), size=size, sha256=sha)
             self._write_manifest(ws_dir, manifest)
         except (OSError, subprocess.SubprocessError, _PipelineError) as exc:
-            tmp_archive.unlink(missing_ok=True)
-            archive.unlink(missing_ok=True)
-            (ws_dir / (TMP_PREFIX + snapshot_id + MANIFEST_SUFFIX)).unlink(missing_ok=True)
+            # best-effort cleanup: the failure may be that ws_dir itself is unusable (e.g. a file in its place)
+            for leftover in (tmp_archive, archive, ws_dir / (TMP_PREFIX + snapshot_id + MANIFEST_SUFFIX)):
+                with contextlib.suppress(OSError):
+                    leftover.unlink(missing_ok=True)
             raise ProtocolError("snapshot_failed", f"the snapshot could not be written: {_describe(exc)}") from None
         return manifest.info()
 

@@ -174,3 +174,18 @@ def test_names_and_ids_cannot_escape_the_store(tmp_path):
         store.list("..", "ws")
     with pytest.raises(ValueError):
         store.delete("ns", "ws", "../../etc/passwd")
+
+
+def test_unusable_store_directory_is_snapshot_failed_not_a_crash(tmp_path):
+    """A file where the workspace's snapshot directory belongs: the save fails cleanly with snapshot_failed."""
+    store = SnapshotStore(tmp_path / "store")
+    source = tmp_path / "live"
+    (source / "workspace").mkdir(parents=True)
+    (source / "workspace" / "a.txt").write_text("keep me")
+    blocker = tmp_path / "store" / "ns" / "ws"
+    blocker.parent.mkdir(parents=True, exist_ok=True)
+    blocker.write_text("not a directory")
+    with pytest.raises(ProtocolError) as info:
+        store.create("ns", "ws", source)
+    assert info.value.code == "snapshot_failed"
+    assert (source / "workspace" / "a.txt").read_text() == "keep me"
