@@ -77,6 +77,10 @@ class Workspace:
         self._boot_phase: dict | None = None  # the current status event, replayed to requests that join late
         self._listeners: list = []
         self._launching: dict[str, bool] = {}  # exec ids not yet handed to the supervisor -> cancel requested
+        # exec and reattach streams being relayed now (from boot to their last byte): each is activity the idle
+        # alarm must not cut — between an exec's boot and its hand-over, and between a command's end and the last
+        # bytes of its stream, the supervisor counts no running command
+        self._relays = 0
         self._settle_stale_state()
 
     def _settle_stale_state(self) -> None:
@@ -266,6 +270,7 @@ class Workspace:
 
     async def _run_exec(self, writer: EventWriter, request: dict) -> None:
         rid = request["request_id"]
+        self._relays += 1
         try:
             writer.start_heartbeat()
             try:
@@ -292,6 +297,7 @@ class Workspace:
             log.exception("exec %s on %s/%s failed", rid, self.namespace, self.name)
             await writer.event(error_event("internal_error"))
         finally:
+            self._relays -= 1
             self._launching.pop(rid, None)
             await writer.close()
             try:
@@ -327,6 +333,7 @@ class Workspace:
         raise ProtocolError("request_not_found")
 
     async def _pipe(self, writer: EventWriter, body: Any) -> None:
+        self._relays += 1
         try:
             await writer.pipe(body)
         except ContainerGone as gone:
@@ -335,6 +342,7 @@ class Workspace:
             log.exception("reattach relay on %s/%s failed", self.namespace, self.name)
             await writer.event(error_event("internal_error"))
         finally:
+            self._relays -= 1
             await writer.close()
 
     async def _op_cancel(self, args: dict, body: Any) -> Response:
@@ -532,10 +540,10 @@ class Workspace:
                 await self._forget()
             return
         if due & {IDLE, RETRY}:
-            if await supervisor.running_commands(self.container) == 0:
+            if self._relays == 0 and await supervisor.running_commands(self.container) == 0:
                 await self._idle_end()
                 return
-            # a command is still running: it keeps the workspace awake
+            # a command is still running (or a stream still relayed): it keeps the workspace awake
             self.schedule.clear(RETRY)
             self.schedule.set_at(IDLE, now + self.settings.idle_seconds * 1000)
         if CHECKPOINT in due:

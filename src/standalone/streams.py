@@ -6,6 +6,7 @@ the container, so a dead client never keeps a relay running.
 """
 
 import asyncio
+import json
 from typing import Any
 
 from durable.ports import ContainerGone
@@ -77,16 +78,24 @@ class QueueSink:
 
     async def pipe_from(self, body: Any) -> None:
         """Copy a container response body (an async iterator of bytes) into this sink. Returns at its normal end,
-        or early when the client is gone; raises ContainerGone when the body fails midway."""
+        or early when the client is gone; raises ContainerGone when the body fails midway — unless the stream's
+        terminal event had already passed (the sandbox stopped right after it): the client has its outcome, and a
+        second terminal event would break the one-terminal-event rule."""
+        last: list[bytes] = [b"", b""]  # the last two chunks: enough to hold the final line
         try:
             async for chunk in body:
+                last[0], last[1] = last[1], chunk
                 try:
                     await self.write(chunk)
                 except StreamClosed:
                     return
-        except (ContainerGone, StreamClosed, asyncio.CancelledError):
+        except (ContainerGone, StreamClosed, asyncio.CancelledError) as exc:
+            if isinstance(exc, ContainerGone) and ends_with_terminal(last[0] + last[1]):
+                return
             raise
         except Exception as exc:  # a reset socket, a truncated chunked body...: the sandbox went away
+            if ends_with_terminal(last[0] + last[1]):
+                return
             raise ContainerGone(f"container stream ended abnormally: {type(exc).__name__}") from exc
         finally:
             aclose = getattr(body, "aclose", None)
@@ -103,6 +112,18 @@ class QueueSink:
         if self.reader_gone:
             return
         await self.queue.put(_EOF)
+
+
+def ends_with_terminal(data: bytes) -> bool:
+    """Whether `data` ends with a complete `exit` or `error` event line."""
+    if not data.endswith(b"\n"):
+        return False
+    line = data[:-1].rsplit(b"\n", 1)[-1]
+    try:
+        event = json.loads(line)
+    except ValueError:
+        return False
+    return isinstance(event, dict) and event.get("type") in ("exit", "error")
 
 
 class QueueStreams:

@@ -1,0 +1,31 @@
+"""The idle alarm against exec streams in flight (found by the soak in bench/bench_load.py): an exec whose boot
+outlasted IDLE_SECONDS is activity: the alarm must not save and stop the container between the exec's boot and its
+hand-over to the supervisor (when the supervisor counts no running command yet)."""
+
+import asyncio
+
+import pytest
+from test_workspace import Env, rid, types
+
+pytestmark = pytest.mark.timeout(30)
+
+
+async def test_alarm_due_while_an_exec_boots_does_not_stop_the_container_under_it():
+    env = Env()
+    await env.put()
+    env.container.start_gate = asyncio.Event()  # the boot takes longer than the idle deadline
+    resp = await env.start_exec("echo hi", request_id=rid(1))
+    await env.clock.advance(0)
+    assert env.ws._lifecycle.locked()
+    await env.clock.advance(env.settings.idle_seconds + 1)  # the idle deadline passes during the boot
+    alarm = asyncio.ensure_future(env.ws.alarm())  # waits for the boot's lifecycle lock
+    await env.clock.advance(0)
+    env.container.start_gate.set()
+    await alarm
+    await env.clock.drain()
+    events = resp.body.events()
+    assert types(events)[-2:] == ["output", "exit"], events  # it ran: the container was not stopped under it
+    assert env.state == "running" and env.container.snapshots == {}
+    # and once nothing runs, the (pushed) deadline saves and stops as usual
+    await env.fire_alarm_at_deadline()
+    assert env.state == "stopped" and len(env.container.snapshots) == 1
