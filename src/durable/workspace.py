@@ -81,6 +81,7 @@ class Workspace:
         # alarm must not cut — between an exec's boot and its hand-over, and between a command's end and the last
         # bytes of its stream, the supervisor counts no running command
         self._relays = 0
+        self._transfers = 0  # file uploads/downloads between their boot and the supervisor's answer: activity too
         self._settle_stale_state()
 
     def _settle_stale_state(self) -> None:
@@ -380,20 +381,28 @@ class Workspace:
 
     async def _op_read_file(self, args: dict, body: Any) -> Response:
         self._require()
-        await self._ensure_running()
-        await self._touch()
-        q = supervisor.query(path=args["path"], max_bytes=self.settings.max_file_read_bytes)
-        resp = await self.container.fetch("GET", f"/files?{q}")
+        self._transfers += 1
+        try:
+            await self._ensure_running()
+            await self._touch()
+            q = supervisor.query(path=args["path"], max_bytes=self.settings.max_file_read_bytes)
+            resp = await self.container.fetch("GET", f"/files?{q}")
+        finally:
+            self._transfers -= 1
         return Response(resp.status, resp.body, {k: v for k, v in resp.headers.items() if k.lower() in _PASS_HEADERS})
 
     async def _op_write_file(self, args: dict, body: Any) -> Response:
         self._require()
-        await self._ensure_running()
-        await self._touch()
-        mode = args.get("mode", 0o644)
-        q = supervisor.query(path=args["path"], mode=f"{mode:04o}", max_bytes=self.settings.max_file_write_bytes)
-        headers = {"content-length": str(args["length"]), "content-type": "application/octet-stream"}
-        resp = await self.container.fetch("PUT", f"/files?{q}", body=body, headers=headers)
+        self._transfers += 1  # an upload slower than IDLE_SECONDS must not have its container stopped under it
+        try:
+            await self._ensure_running()
+            await self._touch()
+            mode = args.get("mode", 0o644)
+            q = supervisor.query(path=args["path"], mode=f"{mode:04o}", max_bytes=self.settings.max_file_write_bytes)
+            headers = {"content-length": str(args["length"]), "content-type": "application/octet-stream"}
+            resp = await self.container.fetch("PUT", f"/files?{q}", body=body, headers=headers)
+        finally:
+            self._transfers -= 1
         return Response(resp.status, resp.body, {k: v for k, v in resp.headers.items() if k.lower() in _PASS_HEADERS})
 
     # --- snapshots, stop, delete ---------------------------------------------------------------------------
@@ -540,7 +549,7 @@ class Workspace:
                 await self._forget()
             return
         if due & {IDLE, RETRY}:
-            if self._relays == 0 and await supervisor.running_commands(self.container) == 0:
+            if not (self._relays or self._transfers) and await supervisor.running_commands(self.container) == 0:
                 await self._idle_end()
                 return
             # a command is still running (or a stream still relayed): it keeps the workspace awake

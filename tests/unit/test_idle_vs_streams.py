@@ -1,11 +1,13 @@
-"""The idle alarm against exec streams in flight (found by the soak in bench/bench_load.py): an exec whose boot
+"""The idle alarm against work in flight (found by the soak in bench/bench_load.py): an exec whose boot
 outlasted IDLE_SECONDS is activity: the alarm must not save and stop the container between the exec's boot and its
-hand-over to the supervisor (when the supervisor counts no running command yet)."""
+hand-over to the supervisor (when the supervisor counts no running command yet); and neither is a file upload
+slower than IDLE_SECONDS cut by a save-and-stop."""
 
 import asyncio
 
 import pytest
 from test_workspace import Env, rid, types
+from workspace_doubles import FakeContainer, UploadBody
 
 pytestmark = pytest.mark.timeout(30)
 
@@ -29,3 +31,33 @@ async def test_alarm_due_while_an_exec_boots_does_not_stop_the_container_under_i
     # and once nothing runs, the (pushed) deadline saves and stops as usual
     await env.fire_alarm_at_deadline()
     assert env.state == "stopped" and len(env.container.snapshots) == 1
+
+
+class SlowUploads(FakeContainer):
+    """Uploads wait for `gate`: a file transfer slower than IDLE_SECONDS."""
+
+    def __init__(self, clock):
+        super().__init__(clock)
+        self.gate = asyncio.Event()
+
+    async def fetch(self, method, path, **kwargs):
+        if method == "PUT" and path.startswith("/files"):
+            await self.gate.wait()
+        return await super().fetch(method, path, **kwargs)
+
+
+async def test_alarm_due_during_a_slow_upload_does_not_stop_the_container_under_it():
+    env = Env()
+    env.container = SlowUploads(env.clock)
+    env.ws = env.new_object()
+    await env.put()
+    await env.run("echo booted")
+    upload = asyncio.ensure_future(
+        env.call("write_file", {"path": "/workspace/big", "mode": 0o644, "length": 3}, UploadBody([b"abc"])))
+    await env.clock.advance(0)
+    await env.clock.advance(env.settings.idle_seconds + 1)
+    await env.ws.alarm()
+    assert env.state == "running" and env.container.snapshots == {}
+    env.container.gate.set()
+    assert (await upload).status == 200
+    assert env.container.disk["/workspace/big"] == b"abc"
