@@ -192,3 +192,12 @@ def test_operations_refuse_without_valid_token(case, api, authorization):
     assert response.json()["error"]["code"] == "unauthorized"
     case.validate_response(response, checks=[status_code_conformance, content_type_conformance,
                                              response_schema_conformance], headers=headers)
+
+
+def test_fuzzing_left_state_only_for_workspaces_that_exist(api, api_client):
+    """Runs after the fuzz tests (file order): the many requests on unknown, deleted or invalid names left no state
+    behind; every workspace directory belongs to a workspace that exists (one a fuzzed PUT created)."""
+    namespaces = api.data_dir / "workspaces"
+    for directory in namespaces.glob("*/*"):
+        response = api_client.get(ws_url(directory.parent.name, directory.name))
+        assert response.status_code == 200, (directory, response.text)
