@@ -274,8 +274,11 @@ def s_fetch_file(args):
 def s_restore(args):
     """The workspace is stopped (as the idle timer does) between two commands: Hermes must warn the model."""
     discover()
-    out = {"write": terminal("echo kept > /workspace/marker.txt"), "bg": terminal("sleep 300", background=True)}
+    out = {"write": terminal("echo kept > /workspace/marker.txt")}
     env = active_env()
+    # A process that outlives its command, started below Hermes' tools: terminal(background=True) would add a
+    # poller whose own commands could be the first to see the restore (and take Hermes' one-time notice).
+    out["bg"] = env.execute("setsid -f sleep 300 >/dev/null 2>&1; pgrep -fx 'sleep 300' >/dev/null && echo running")
     env._client.stop(env.namespace, env.workspace)
     out["status_after_stop"] = env._client.get_workspace(env.namespace, env.workspace)
     out["after"] = terminal("cat /workspace/marker.txt; pgrep -fx 'sleep 300' || echo no-processes")

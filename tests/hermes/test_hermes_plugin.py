@@ -124,6 +124,7 @@ def test_fetch_file_downloads_binary_and_maps_errors(iot, tmp_path):
 
 def test_restored_workspace_keeps_files_and_warns_hermes(iot):
     r = iot.run("restore")
+    assert r["bg"]["output"].strip() == "running"
     assert r["status_after_stop"]["running"] is False and r["status_after_stop"]["state"] == "stopped"
     assert r["after"]["output"] == "kept\nno-processes"  # files came back, processes did not
     assert r["after"].get("environment_recreated")  # and Hermes tells the model so
