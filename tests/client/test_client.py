@@ -399,9 +399,10 @@ def _slow_stream(*parts):
 
 def test_heartbeats_keep_a_quiet_stream_alive(server, client):
     beat = ndjson({"type": "heartbeat"})
-    server.routes[("POST", W + "/exec")] = _slow_stream(*([beat, 0.2] * 6), ndjson(EXIT))
-    events = list(client.exec(NS, WS, {"request_id": RID, "command": "sleep 1"}, read_timeout=0.6))
-    assert events[-1] == EXIT and len(events) == 7
+    # 2.4 s in all, longer than the read deadline; no gap between events comes near it
+    server.routes[("POST", W + "/exec")] = _slow_stream(*([beat, 0.3] * 8), ndjson(EXIT))
+    events = list(client.exec(NS, WS, {"request_id": RID, "command": "sleep 2"}, read_timeout=1.5))
+    assert events[-1] == EXIT and len(events) == 9
 
 
 def test_a_stalled_stream_is_a_transport_error_without_the_word_timeout(server, client):

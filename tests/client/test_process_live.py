@@ -150,7 +150,7 @@ def test_kill_during_a_command_cancels_it_remotely(server, workspace):
     started = time.monotonic()
     proc.kill()
     proc.kill()  # idempotent
-    assert time.monotonic() - started < 0.5  # kill() itself never blocks on the network
+    assert time.monotonic() - started < 2  # kill() itself never waits for the network round trip
     read_all(proc, timeout=30)
     assert proc.returncode == 130
     check = make_process(client, name, "pgrep -fx 'sleep 60' || echo gone")
