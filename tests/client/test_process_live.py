@@ -201,3 +201,26 @@ def test_output_over_the_limit_is_reported_not_truncated_silently(server, worksp
     assert proc.returncode == 1 and proc.error is None  # the command's own outcome, not a connection failure
     assert output.endswith("(output_limit)]\n")
     assert "never-reached" not in output
+
+
+def test_kill_never_waits_for_a_slow_cancel():
+    gate = threading.Event()
+    cancels = []
+
+    def run(request, offset):
+        yield {"type": "started", "request_id": request["request_id"], "container": "fresh", "snapshot": None}
+        gate.wait(10)
+        yield {"type": "exit", "exit_code": 130, "reason": "cancelled", "duration_ms": 1}
+
+    def slow_cancel(request_id):
+        cancels.append(request_id)
+        time.sleep(3)  # a server that is slow to answer the cancel
+        gate.set()
+
+    proc = RemoteProcess(command="sleep 60", request_fields={}, run_fn=run, cancel_fn=slow_cancel)
+    started = time.monotonic()
+    proc.kill()
+    proc.kill()
+    assert time.monotonic() - started < 1  # 3 s cancel, but kill() returned at once
+    assert proc.wait(15) == 130
+    assert cancels == [proc.request_id]  # exactly one remote cancel, for this command
