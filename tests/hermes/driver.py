@@ -449,6 +449,14 @@ def s_base_019(args):
     out["write_tool"] = json.loads(write_file_tool("/workspace/w.txt", "hello from 0.19\n"))
     out["read_tool"] = json.loads(read_file_tool("/workspace/w.txt"))
     out["terminal_tool"] = json.loads(tt.terminal_tool("cat /workspace/w.txt"))
+    # 0.19.0's execute_code has only the per-call path: an RPC poller thread runs env.execute every 100 ms while
+    # the script runs — a backend that serialises commands deadlocks here.
+    from tools.code_execution_tool import execute_code
+
+    code = "from hermes_tools import terminal\nprint('INNER', terminal('echo via-rpc')['output'].strip())\n"
+    started = time.monotonic()
+    out["execute_code"] = json.loads(execute_code(code, task_id="default"))
+    out["execute_code_seconds"] = time.monotonic() - started
     results = {}
 
     def concurrent(i):

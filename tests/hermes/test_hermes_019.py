@@ -31,6 +31,10 @@ def test_base_environment_on_hermes_019(old_hermes):
     assert r["write_tool"].get("error") is None and r["write_tool"]["bytes_written"] == 16
     assert r["read_tool"]["content"].startswith("1|hello from 0.19")
     assert r["terminal_tool"]["output"] == "hello from 0.19"
+    # the per-call execute_code path (RPC poller running commands while the script runs) does not deadlock
+    assert r["execute_code"]["status"] == "success" and r["execute_code"]["tool_calls_made"] == 1
+    assert r["execute_code"]["output"] == "INNER via-rpc\n"
+    assert r["execute_code_seconds"] < 60
     assert {k: v["output"] for k, v in r["concurrent"].items()} == {str(i): f"c{i}\n" for i in range(4)}
     assert r["concurrent_seconds"] < 20  # four 1 s commands ran side by side, not one after another
     name, is_runtime_error, message, hint = r["dead"]
