@@ -141,15 +141,24 @@ def _plot_ratios(rows: list[dict], path: Path) -> None:
     rows = [r for r in rows if r.get("ratio") and r.get("goal")]
     if not rows:
         return
+    from matplotlib.ticker import FixedLocator, FuncFormatter, NullLocator
+
     fig, ax = plt.subplots(figsize=(9, 0.32 * len(rows) + 1.2))
-    names = [r["name"][:70] for r in rows]
+    names = [f"{r['name'][:60]}  [{'≤' if r.get('better', 'lower') == 'lower' else '≥'} {r['goal']:g}×]" for r in rows]
     colours = ["tab:green" if r.get("met") else "tab:red" for r in rows]
     ax.barh(range(len(rows)), [r["ratio"] for r in rows], color=colours, alpha=0.7)
     ax.scatter([r["goal"] for r in rows], range(len(rows)), marker="|", s=200, color="black", label="goal")
     ax.set_yticks(range(len(rows)), names, fontsize=7)
     ax.invert_yaxis()
     ax.set_xscale("log")
-    ax.set_xlabel("ratio to the same-run baseline (green: goal met)")
+    low = min([r["ratio"] for r in rows] + [r["goal"] for r in rows])
+    high = max([r["ratio"] for r in rows] + [r["goal"] for r in rows])
+    steps = (0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1, 2, 5, 10, 20, 50, 100, 200, 500)
+    ticks = [t for t in steps if low / 2 <= t <= high * 2]
+    ax.xaxis.set_major_locator(FixedLocator(ticks))
+    ax.xaxis.set_minor_locator(NullLocator())
+    ax.xaxis.set_major_formatter(FuncFormatter(lambda x, _: f"{x:g}×"))
+    ax.set_xlabel("ratio to the same-run baseline (goal: ≤ or ≥ the mark; green: met)")
     ax.legend(fontsize=7)
     ax.grid(True, axis="x", which="both", alpha=0.3)
     fig.tight_layout()
