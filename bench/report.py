@@ -7,8 +7,10 @@ distribution of ours against the baseline, one panel per row, one PNG per (modul
 of every ratio against its goal. matplotlib runs on the Agg backend (no display needed).
 """
 
+import math
 import os
 import platform
+import re
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
@@ -101,24 +103,35 @@ def markdown(report: dict, plots: list[Path], out_dir: Path) -> str:
     return "\n".join(out).rstrip() + "\n"
 
 
+def _two_and_five(x: float, _pos) -> str:
+    """Label the 2 and 5 minor ticks of a log axis (1, 2, 5, 10, 20, 50, ...)."""
+    if x <= 0:
+        return ""
+    return f"{x:g}" if round(x / 10 ** math.floor(math.log10(x))) in (2, 5) else ""
+
+
 def _plot_rows(rows: list[dict], title: str, path: Path) -> None:
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+    from matplotlib.ticker import FuncFormatter
 
     cols = min(len(rows), 2)
     nrows = (len(rows) + cols - 1) // cols
     fig, axes = plt.subplots(nrows, cols, figsize=(5.2 * cols, 3.2 * nrows), squeeze=False)
     for ax, row in zip(axes.flat, rows, strict=False):
         ours = row.get("samples_label", "ours")
-        for key, label, style in (("samples", ours, "-"), ("baseline_samples", row.get("baseline", "baseline"), "--")):
+        theirs = re.sub(r",? p\d\d$", "", row.get("baseline", "baseline"))  # the whole distribution, not a percentile
+        for key, label, style in (("samples", ours, "-"), ("baseline_samples", theirs, "--")):
             data = sorted(row.get(key) or [])
             if not data:
                 continue
             ys = [(i + 1) / len(data) for i in range(len(data))]
             ax.step(data, ys, style, where="post", label=f"{label} (n={len(data)})")
         ax.set_xscale("log")
+        ax.xaxis.set_major_formatter(FuncFormatter(lambda x, _: f"{x:g}"))
+        ax.xaxis.set_minor_formatter(FuncFormatter(_two_and_five))
         ax.set_xlabel(row.get("unit", ""))
         ax.set_ylabel("fraction ≤ x")
         ax.set_title(row.get("plot_title") or row["name"], fontsize=9)
