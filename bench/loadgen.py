@@ -186,8 +186,10 @@ def setup(server: Server, workspaces: int) -> list[str]:
     return names
 
 
-def mix(server: Server, names: list[str], clients: int, seconds: float, seed: int = 1) -> Tally:
-    """`clients` threads issue requests back to back for `seconds` (each finishes the request in flight)."""
+def mix(server: Server, names: list[str], clients: int, seconds: float, seed: int = 1,
+        think: tuple[float, float] = (0.0, 0.0)) -> Tally:
+    """`clients` threads issue requests for `seconds` (each finishes the request in flight), back to back or with a
+    random pause drawn from `think` (seconds) between two requests."""
     tally = Tally()
     deadline = time.monotonic() + seconds
 
@@ -197,6 +199,8 @@ def mix(server: Server, names: list[str], clients: int, seconds: float, seed: in
         with server.client() as client:
             while time.monotonic() < deadline:
                 _do(client, rng, *_pick(rng, names, mine), mine, tally, cid)
+                if think[1] > 0:
+                    time.sleep(rng.uniform(*think))
 
     threads = [threading.Thread(target=worker, args=(i,), daemon=True) for i in range(clients)]
     for t in threads:

@@ -1,7 +1,7 @@
-"""Load and soak against a real `flarebox serve`, reduced for CI (about a minute): concurrent clients mixing exec,
-file writes and reads (checked by sha256) and status on several workspaces, then idle snapshot/restore cycles on
-every workspace with its contents verified each time. The goal is zero errors; speed is bench/bench_load.py's
-business, so nothing here is timed."""
+"""Load and soak against a real `flarebox serve`, reduced for CI (about a minute and a half): concurrent clients
+mixing exec, file writes and reads (checked by sha256) and status on several workspaces; idle snapshot/restore
+cycles on every workspace with its contents verified each time; requests racing idle saves. The goal is zero
+errors; speed is bench/bench_load.py's business, so nothing here is timed."""
 
 import shutil
 
@@ -43,5 +43,21 @@ def test_idle_snapshot_restore_soak_keeps_every_file():
         with server.client() as client:
             for name in names:
                 assert len(client.snapshots(loadgen.NS, name)) >= 1
+    finally:
+        server.stop()
+
+
+def test_requests_racing_idle_saves_and_restores_have_no_errors():
+    """IDLE_SECONDS=1 and clients pausing about that long between requests: idle saves, stops and restores keep
+    interleaving with execs and file transfers arriving mid-save. Every answer must still be right (files by
+    sha256), and the workspaces really went through saves."""
+    server = loadgen.Server(idle_seconds=1)
+    try:
+        names = loadgen.setup(server, 2)
+        tally = loadgen.mix(server, names, 4, 20, think=(0.5, 1.6))
+        assert tally.errors == [], (tally.errors[:10], server.log_tail())
+        assert len(tally.samples["read"]) >= 5 and len(tally.samples["exec"]) >= 10
+        with server.client() as client:
+            assert all(client.snapshots(loadgen.NS, name) for name in names)
     finally:
         server.stop()
