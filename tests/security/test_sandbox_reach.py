@@ -99,6 +99,6 @@ def test_with_internet_the_server_port_is_still_unreachable(start_server):
         assert client.put(ws_url("net", "online"), json={}).status_code == 201
         out, _ = run_ok(client, "net", "online", "ip -br addr 2>/dev/null || cat /proc/net/dev; cat /etc/resolv.conf")
         assert "tap0" in out and "10.0.2.3" in out  # its own interface and the NAT's resolver
-        for host in ("127.0.0.1", "10.0.2.2", "localhost"):
+        for host in ("127.0.0.1", "10.0.2.2", "localhost", "::1"):
             out, _ = run_ok(client, "net", "online", _tcp_probe(srv.port).replace("127.0.0.1", host))
             assert out.strip() == "refused", host
