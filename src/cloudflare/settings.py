@@ -2,19 +2,7 @@
 
 from typing import Any
 
-from durable.settings import Settings
-
-# The vars Settings.from_vars understands (wrangler.jsonc documents the ones it sets).
-SETTING_VARS = (
-    "IDLE_SECONDS",
-    "ENABLE_INTERNET",
-    "ALLOWED_INSTANCE_TYPES",
-    "DEFAULT_INSTANCE_TYPE",
-    "SNAPSHOT_INTERVAL_SECONDS",
-    "IMAGES",
-    "MAX_FILE_READ_BYTES",
-    "MAX_FILE_WRITE_BYTES",
-)
+from durable.settings import SETTING_VARS, Settings
 
 
 def env_var(env: Any, name: str) -> str | None:

@@ -4,6 +4,18 @@ from dataclasses import dataclass
 
 from protocol import limits
 
+# Every var Settings.from_vars reads; both runtimes take exactly these from their vars or environment.
+SETTING_VARS = (
+    "IDLE_SECONDS",
+    "ENABLE_INTERNET",
+    "ALLOWED_INSTANCE_TYPES",
+    "DEFAULT_INSTANCE_TYPE",
+    "SNAPSHOT_INTERVAL_SECONDS",
+    "IMAGES",
+    "MAX_FILE_READ_BYTES",
+    "MAX_FILE_WRITE_BYTES",
+)
+
 
 def _bool(value: str | None, default: bool) -> bool:
     if value is None or value == "":

@@ -9,19 +9,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from durable.settings import Settings
-
-# The variables Settings.from_vars understands; only these are taken from the environment.
-SETTING_VARS = (
-    "IDLE_SECONDS",
-    "ENABLE_INTERNET",
-    "ALLOWED_INSTANCE_TYPES",
-    "DEFAULT_INSTANCE_TYPE",
-    "SNAPSHOT_INTERVAL_SECONDS",
-    "IMAGES",
-    "MAX_FILE_READ_BYTES",
-    "MAX_FILE_WRITE_BYTES",
-)
+from durable.settings import SETTING_VARS, Settings
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 
