@@ -278,7 +278,11 @@ def s_restore(args):
     env = active_env()
     # A process that outlives its command, started below Hermes' tools: terminal(background=True) would add a
     # poller whose own commands could be the first to see the restore (and take Hermes' one-time notice).
-    out["bg"] = env.execute("setsid -f sleep 300 >/dev/null 2>&1; pgrep -fx 'sleep 300' >/dev/null && echo running")
+    # setsid -f returns before the child has exec'd sleep: wait for it to show up (bounded) before asserting on it
+    out["bg"] = env.execute(
+        "setsid -f sleep 300 >/dev/null 2>&1; for _ in $(seq 50); do pgrep -fx 'sleep 300' >/dev/null && "
+        "{ echo running; break; }; sleep 0.1; done"
+    )
     env._client.stop(env.namespace, env.workspace)
     out["status_after_stop"] = env._client.get_workspace(env.namespace, env.workspace)
     out["after"] = terminal("cat /workspace/marker.txt; pgrep -fx 'sleep 300' || echo no-processes")
