@@ -16,7 +16,7 @@ from flarebox_hermes.client import Client
 from flarebox_hermes.process import RemoteProcess
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "standalone"))
-from e2e import ServerProcess, remove_temp_dir, short_temp_dir  # noqa: E402
+from e2e import serving  # noqa: E402
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -25,13 +25,8 @@ NS = "clientlive"
 
 @pytest.fixture(scope="module")
 def server():
-    root = short_temp_dir()
-    proc = ServerProcess(root / "data", {"IDLE_SECONDS": "600"})
-    try:
-        yield proc.start()
-    finally:
-        proc.stop()
-        remove_temp_dir(root)
+    with serving() as proc:
+        yield proc
 
 
 @pytest.fixture

@@ -19,7 +19,7 @@ import pytest
 REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO / "tests" / "standalone"))
 
-from e2e import ServerProcess, remove_temp_dir, short_temp_dir  # noqa: E402
+from e2e import ServerProcess, serving  # noqa: E402
 
 DRIVER = Path(__file__).with_name("driver.py")
 VENVS = {
@@ -61,13 +61,8 @@ def hermes_019() -> Path:
 
 @pytest.fixture(scope="module")
 def server():
-    root = short_temp_dir()
-    proc = ServerProcess(root / "data", {"IDLE_SECONDS": "600"})
-    try:
-        yield proc.start()
-    finally:
-        proc.stop()
-        remove_temp_dir(root)
+    with serving() as proc:
+        yield proc
 
 
 @pytest.fixture

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import httpx
 import pytest
-from e2e import rid, run_ok, sandbox_pids, terminal, ws_url
+from e2e import rid, run_ok, sandbox_pids, serving, terminal, ws_url
 
 from standalone.cgroups import Cgroups
 
@@ -20,33 +20,13 @@ MEMORY_HOG = f"{sys.executable} -c \"x = []\nwhile True: x.append(bytearray(16 <
 
 
 @pytest.fixture(scope="module")
-def limited_server(start_server_module):
+def limited_server():
     manager, report = Cgroups.detect()
     if manager is None:
         pytest.skip(report)
-    srv = start_server_module(env={"ENABLE_INTERNET": "false"})
-    assert "memory, pids and CPU share" in srv.output()  # the server really enforces limits
-    return srv
-
-
-@pytest.fixture(scope="module")
-def start_server_module():
-    from e2e import TOKEN, ServerProcess, remove_temp_dir, short_temp_dir
-
-    root = short_temp_dir()
-    started = []
-
-    def start(env):
-        proc = ServerProcess(root / f"data{len(started)}", {"IDLE_SECONDS": "600", **env}, TOKEN)
-        started.append(proc)
-        return proc.start()
-
-    try:
-        yield start
-    finally:
-        for proc in started:
-            proc.stop()
-        remove_temp_dir(root)
+    with serving({"ENABLE_INTERNET": "false"}) as srv:
+        assert "memory, pids and CPU share" in srv.output()  # the server really enforces limits
+        yield srv
 
 
 def _probe_neighbours(srv, stop: threading.Event, results: list) -> None:

@@ -6,38 +6,19 @@ stopped by PID (SIGTERM, then SIGKILL) and its session swept in finally, so no s
 The class and helpers live in e2e.py (importable by test modules; conftest.py is not).
 """
 
-from pathlib import Path
-
 import pytest
-from e2e import TOKEN, ServerProcess, remove_temp_dir, short_temp_dir
+from e2e import servers, serving
 
 
 @pytest.fixture(scope="module")
 def server():
     """One real server per test module (IDLE_SECONDS high: nothing idles away under a test's feet)."""
-    root = short_temp_dir()
-    proc = ServerProcess(root / "data", {"IDLE_SECONDS": "600"})
-    try:
-        yield proc.start()
-    finally:
-        proc.stop()
-        remove_temp_dir(root)
+    with serving() as proc:
+        yield proc
 
 
 @pytest.fixture
 def start_server():
     """Start extra servers: start_server(env={...}, token=..., data_dir=...). All are stopped at teardown."""
-    root = short_temp_dir()
-    started: list[ServerProcess] = []
-
-    def start(env: dict[str, str] | None = None, token: str | None = TOKEN, data_dir: Path | None = None):
-        proc = ServerProcess(data_dir or root / f"data{len(started)}", env or {}, token)
-        started.append(proc)
-        return proc.start()
-
-    try:
+    with servers({}) as start:
         yield start
-    finally:
-        for proc in started:
-            proc.stop()
-        remove_temp_dir(root)

@@ -10,7 +10,8 @@ import sys
 import tempfile
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -130,6 +131,37 @@ def remove_temp_dir(path: Path) -> None:
     # sandboxes leave read-only directories behind; make them removable first
     subprocess.run(["chmod", "-R", "u+rwX", str(path)], check=False, capture_output=True)
     shutil.rmtree(path, ignore_errors=True)
+
+
+QUIET = {"IDLE_SECONDS": "600"}  # nothing idles away under a test's feet
+
+
+@contextmanager
+def serving(env: dict[str, str] | None = None, token: str | None = TOKEN) -> Iterator["ServerProcess"]:
+    """One real server in a fresh short temp dir; stopped by PID and its dir removed even when the test fails."""
+    with servers(env) as start:
+        yield start(token=token)
+
+
+@contextmanager
+def servers(defaults: dict[str, str] | None = None) -> Iterator[Callable[..., "ServerProcess"]]:
+    """A factory: start(env={...}, token=..., data_dir=...) starts another server (settings over `defaults`, which
+    default to QUIET). Every server started is stopped at exit."""
+    root = short_temp_dir()
+    started: list[ServerProcess] = []
+
+    def start(env: dict[str, str] | None = None, token: str | None = TOKEN, data_dir: Path | None = None):
+        settings = {**(QUIET if defaults is None else defaults), **(env or {})}
+        proc = ServerProcess(data_dir or root / f"data{len(started)}", settings, token)
+        started.append(proc)
+        return proc.start()
+
+    try:
+        yield start
+    finally:
+        for proc in started:
+            proc.stop()
+        remove_temp_dir(root)
 
 
 
