@@ -14,6 +14,7 @@ log = logging.getLogger("flarebox.supervisor")
 
 STARTUP_BUDGET_SECONDS = 60
 HEALTH_TIMEOUT_SECONDS = 5
+SYNC_TIMEOUT_SECONDS = 30
 _POLL_FIRST_SECONDS = 0.05
 _POLL_MAX_SECONDS = 0.5
 
@@ -107,11 +108,15 @@ async def make_dir(container: Container, path: str) -> bool:
 
 async def sync(container: Container) -> None:
     """Flush filesystem buffers before a snapshot. Best effort: a snapshot without it is still consistent for
-    every file that was closed."""
+    every file that was closed. Raises ContainerGone only when the container is really gone: a running one whose
+    supervisor does not answer (frozen, wedged) is still saved, so an idle save can stop it and the next request
+    restores a working one."""
     try:
-        resp = await container.fetch("POST", "/sync", timeout=30)
+        resp = await container.fetch("POST", "/sync", timeout=SYNC_TIMEOUT_SECONDS)
         await resp.read()
     except ContainerGone:
-        raise
+        if not container.running():
+            raise
+        log.warning("the supervisor did not answer the sync before a snapshot; snapshotting without it")
     except Exception:
         log.warning("sync before snapshot failed", exc_info=True)

@@ -1,13 +1,16 @@
 """The idle alarm against work in flight (found by the soak in bench/bench_load.py): an exec whose boot
 outlasted IDLE_SECONDS is activity: the alarm must not save and stop the container between the exec's boot and its
 hand-over to the supervisor (when the supervisor counts no running command yet); and neither is a file upload
-slower than IDLE_SECONDS cut by a save-and-stop."""
+slower than IDLE_SECONDS cut by a save-and-stop. A running container whose supervisor is frozen is still saved and
+stopped when idle (its sync is skipped), so the next request restores a working one."""
 
 import asyncio
 
 import pytest
 from test_workspace import Env, rid, types
 from workspace_doubles import FakeContainer, UploadBody
+
+from durable.ports import ContainerGone
 
 pytestmark = pytest.mark.timeout(30)
 
@@ -61,3 +64,29 @@ async def test_alarm_due_during_a_slow_upload_does_not_stop_the_container_under_
     env.container.gate.set()
     assert (await upload).status == 200
     assert env.container.disk["/workspace/big"] == b"abc"
+
+
+class FrozenSupervisor(FakeContainer):
+    """A running container whose supervisor answers nothing (every fetch fails as the runtime reports it)."""
+
+    frozen = False
+
+    async def fetch(self, method, path, **kwargs):
+        if self.frozen:
+            raise ContainerGone("the sandbox stopped answering")
+        return await super().fetch(method, path, **kwargs)
+
+
+async def test_idle_save_of_a_frozen_supervisor_still_saves_and_stops_it():
+    env = Env()
+    env.container = FrozenSupervisor(env.clock)
+    env.ws = env.new_object()
+    await env.put()
+    await env.run("echo booted")
+    env.container.frozen = True
+    await env.fire_alarm_at_deadline()
+    # saved without the sync, then stopped: the frozen container is gone and the next exec restores the snapshot
+    assert env.state == "stopped" and len(env.container.snapshots) == 1 and not env.container.up
+    env.container.frozen = False
+    events = await env.run("echo back")
+    assert [e["container"] for e in events if e["type"] == "started"] == ["restored"]
