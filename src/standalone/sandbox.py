@@ -429,14 +429,11 @@ class SandboxContainer:
 
     # ---- snapshots ----------------------------------------------------------------------------------------
     async def snapshot(self) -> SnapshotInfo:
+        """Archive the live files from the host. No sync of its own: the host reads the same page cache the sandbox
+        wrote to, and the workspace already asked the supervisor for one (best effort) — a frozen supervisor then
+        costs one timeout, not two."""
         if not self.root_dir.is_dir():
             raise ProtocolError("snapshot_failed", "the workspace has no files to snapshot")
-        if self.running():
-            try:
-                response = await self.fetch("POST", "/sync", timeout=60)
-                await response.read()
-            except ContainerGone:
-                pass  # the files are on the host either way; the page cache holds what sync would flush
         return await asyncio.to_thread(self.store.create, self.namespace, self.workspace, self.root_dir)
 
     async def delete_snapshot(self, snapshot_id: str) -> None:

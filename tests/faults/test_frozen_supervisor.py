@@ -143,3 +143,27 @@ def test_boot_with_a_frozen_supervisor_ends_with_startup_timeout_then_boots(star
         assert not [p for p in frozen if os.path.exists(f"/proc/{p}") and "flarebox_supervisor" in cmdline(p)]
         out, events = run_ok(client, "frz", "boot", "echo booted")
         assert out == "booted\n" and started(events)["container"] == "fresh"
+
+
+def test_idle_workspace_with_a_frozen_supervisor_is_saved_stopped_and_restored(start_server):
+    """Left frozen (no SIGCONT), the workspace recovers by itself: at idle it is saved without the sync the
+    supervisor cannot answer, the frozen sandbox is stopped, and the next exec restores its files in a new one."""
+    srv = start_server(env={"IDLE_SECONDS": "2"})
+    files = sample_files(9)
+    snapshots = srv.data_dir / "snapshots" / "frz" / "idle"
+    with srv.client() as client:
+        assert put_workspace(client, "frz", "idle").status_code == 201
+        put_files(client, "frz", "idle", files)
+        (pid,) = supervisor_pids(srv, "idle")
+        os.kill(pid, signal.SIGSTOP)
+        try:
+            # no request from here on (status reads would be fine, but disk and /proc say it all)
+            wait_until(lambda: list(snapshots.glob("*.json")), SILENCE_BOUND + 30, interval=1,
+                       what="the idle save of the frozen workspace")
+            wait_until(lambda: not os.path.exists(f"/proc/{pid}"), 30, what="the frozen sandbox to be stopped")
+        finally:
+            if os.path.exists(f"/proc/{pid}"):
+                os.kill(pid, signal.SIGCONT)
+        out, events = run_ok(client, "frz", "idle", "cat /workspace/notes.txt | wc -l")
+        assert started(events)["container"] == "restored" and out == "100\n"
+        assert_files(client, "frz", "idle", files)
