@@ -3,7 +3,8 @@
 The mechanism: a healthy supervisor sends a heartbeat at least every 10 s on an exec stream and answers everything
 else promptly, so the server gives up on a sandbox that sends nothing for SUPERVISOR_SILENCE_SECONDS (30 s) and
 ends the request with a clear error; a boot gives up after the sandbox's startup budget. Once the supervisor runs
-again (SIGCONT), or its sandbox is killed and restarted, the workspace works with every file intact."""
+again (SIGCONT), or its frozen sandbox is destroyed (a failed boot, or the idle save-and-stop) and a new one
+started, the workspace works with every file intact."""
 
 import json
 import os
