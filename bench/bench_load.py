@@ -41,7 +41,7 @@ def run(quick: bool = False) -> list[dict]:
         loaded = loadgen.mix(server, names, clients, seconds)
     finally:
         server.stop()
-    served = sum(len(v) for v in loaded.samples.values())
+    served = loaded.served
     label = f"{clients} clients, {workspaces} workspaces, {seconds} s"
     rows.append(_errors_row(f"load: errors ({label})", loaded, f"{served} requests served"))
     one_client_rate = 1 / statistics.fmean(s for v in alone.samples.values() for s in v)
