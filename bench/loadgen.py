@@ -90,6 +90,11 @@ class Server:
                 raise RuntimeError(f"flarebox serve did not start:\n{self.log_tail()}")
             time.sleep(0.05)
 
+    def cpu_seconds(self) -> float:
+        """CPU time the server process itself has used (user + system; its sandboxes are other processes)."""
+        fields = Path(f"/proc/{self.proc.pid}/stat").read_text().rsplit(")", 1)[1].split()
+        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
     def client(self) -> Client:
         return Client(self.url, TOKEN, timeout=120)
 
