@@ -122,7 +122,7 @@ def _plot_rows(rows: list[dict], title: str, path: Path) -> None:
     fig, axes = plt.subplots(nrows, cols, figsize=(5.2 * cols, 3.2 * nrows), squeeze=False)
     for ax, row in zip(axes.flat, rows, strict=False):
         ours = row.get("samples_label", "ours")
-        theirs = re.sub(r",? p\d\d$", "", row.get("baseline", "baseline"))  # the whole distribution, not a percentile
+        theirs = re.sub(r",? p\d\d\b", "", row.get("baseline", "baseline"))  # the whole distribution, not a percentile
         for key, label, style in (("samples", ours, "-"), ("baseline_samples", theirs, "--")):
             data = sorted(row.get(key) or [])
             if not data:
