@@ -134,15 +134,10 @@ def test_restored_workspace_keeps_files_and_warns_hermes(iot):
 
 @pytest.fixture
 def idle_driver(hermes_iot, hermes_home):
-    from .conftest import Driver, ServerProcess, remove_temp_dir, short_temp_dir
+    from .conftest import Driver, serving
 
-    root = short_temp_dir()
-    proc = ServerProcess(root / "data", {"IDLE_SECONDS": "3"})
-    try:
-        yield Driver(hermes_iot, hermes_home, proc.start())
-    finally:
-        proc.stop()
-        remove_temp_dir(root)
+    with serving({"IDLE_SECONDS": "3"}) as proc:
+        yield Driver(hermes_iot, hermes_home, proc)
 
 
 def test_workspace_idled_out_comes_back_restored_and_hermes_warns(idle_driver):
