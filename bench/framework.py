@@ -66,7 +66,7 @@ def timed_pair(ours: Callable[[], object], baseline: Callable[[], object], repea
     return a, b
 
 
-def _fmt(value) -> str:
+def fmt(value) -> str:
     if value is None:
         return "—"
     if isinstance(value, float):
@@ -82,6 +82,6 @@ def markdown_table(results: list[dict]) -> str:
         goal = "—" if r["goal"] is None else ("≤ " if r["better"] == "lower" else "≥ ") + f"{r['goal']}×"
         met = {True: "yes", False: "**no**", None: "—"}[r["met"]]
         ratio = "—" if r["ratio"] is None else f"{r['ratio']:.2f}×"
-        lines.append(f"| {r['name']} | {_fmt(r['value'])} | {r['unit']} | {r['baseline']} | "
-                     f"{_fmt(r['baseline_value'])} | {ratio} | {goal} | {met} |")
+        lines.append(f"| {r['name']} | {fmt(r['value'])} | {r['unit']} | {r['baseline']} | "
+                     f"{fmt(r['baseline_value'])} | {ratio} | {goal} | {met} |")
     return "\n".join(lines)

@@ -13,6 +13,8 @@ import platform
 import re
 from pathlib import Path
 
+from bench.framework import fmt
+
 HERE = Path(__file__).resolve().parent
 SAMPLE_KEYS = ("samples", "baseline_samples")
 
@@ -42,14 +44,6 @@ def split_samples(results: list[dict]) -> tuple[list[dict], list[dict]]:
     return [{k: v for k, v in r.items() if k not in SAMPLE_KEYS} for r in results], results
 
 
-def _fmt(value) -> str:
-    if value is None:
-        return "—"
-    if isinstance(value, float):
-        return f"{value:.3g}" if abs(value) < 1000 else f"{value:,.0f}"
-    return str(value)
-
-
 def _goal(row: dict) -> str:
     if row.get("goal_text"):
         return str(row["goal_text"])
@@ -66,8 +60,8 @@ def table(rows: list[dict]) -> str:
         unit = f" {cell.get('unit', '')}".rstrip()
         base_value = cell.get("baseline_value")
         lines.append(
-            f"| {cell['name']} | {_fmt(cell['value'])}{unit} | {cell.get('baseline', '—')} | "
-            f"{_fmt(base_value)}{unit if base_value is not None else ''} | "
+            f"| {cell['name']} | {fmt(cell['value'])}{unit} | {cell.get('baseline', '—')} | "
+            f"{fmt(base_value)}{unit if base_value is not None else ''} | "
             f"{'—' if r.get('ratio') is None else format(r['ratio'], '.2f') + '×'} | {_goal(r)} | "
             f"{ {True: 'yes', False: '**no**', None: '—'}[r.get('met')]} | {cell.get('note') or ''} |"
         )

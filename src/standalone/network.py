@@ -42,7 +42,8 @@ def describe(enable_internet: bool) -> str:
     )
 
 
-def _pipe_with(data: bytes) -> int:
+def data_fd(data: bytes) -> int:
+    """A pipe read end holding `data` (for bwrap --ro-bind-data and --file); the write end is closed."""
     read_end, write_end = os.pipe()
     try:
         os.write(write_end, data)  # small (< pipe buffer): never blocks
@@ -61,7 +62,7 @@ class PrivateNetwork:
     def __init__(self):
         self._ready_r, self._ready_w = os.pipe()  # launcher → server: the namespace exists, loopback is up
         self._go_r, self._go_w = os.pipe()  # server → launcher: the NAT is plugged in, go on
-        self._resolv = _pipe_with(f"nameserver {NAMESERVER}\n".encode())
+        self._resolv = data_fd(f"nameserver {NAMESERVER}\n".encode())
         self._proc: subprocess.Popen | None = None
         self._exit_w: int | None = None
 

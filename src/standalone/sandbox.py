@@ -41,7 +41,7 @@ from durable.ports import ContainerGone, SnapshotInfo, StartSpec
 from protocol import limits
 from protocol.errors import ProtocolError
 from standalone.cgroups import Cgroups, SandboxGroup, limits_for
-from standalone.network import PrivateNetwork, private_network_available
+from standalone.network import PrivateNetwork, data_fd, private_network_available
 from standalone.snapshots import SnapshotStore
 
 log = logging.getLogger("flarebox.sandbox")
@@ -106,16 +106,6 @@ def _passwd(ids: SandboxIds) -> tuple[bytes, bytes]:
     )
     group = f"root:x:0:\n{SANDBOX_USER}:x:{ids.gid}:\nnogroup:x:65534:\n"
     return passwd.encode(), group.encode()
-
-
-def _data_fd(data: bytes) -> int:
-    """A pipe read end holding `data` (for bwrap --ro-bind-data); the write end is closed."""
-    read_end, write_end = os.pipe()
-    try:
-        os.write(write_end, data)  # small (< pipe buffer): never blocks
-    finally:
-        os.close(write_end)
-    return read_end
 
 
 def remove_tree(path: Path) -> None:
@@ -240,7 +230,7 @@ class SandboxContainer:
             return f"{STAGE_DIR}/{len(sources) - 1}"
 
         passwd, group = _passwd(self.ids)
-        passwd_fd, group_fd = _data_fd(passwd), _data_fd(group)
+        passwd_fd, group_fd = data_fd(passwd), data_fd(group)
         try:
             argv = [shutil.which("bwrap") or "/usr/bin/bwrap"]
             argv += ["--unshare-user", "--uid", str(self.ids.uid), "--gid", str(self.ids.gid), "--disable-userns"]
