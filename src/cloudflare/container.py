@@ -16,6 +16,7 @@ from pyodide.ffi import JsException
 from cloudflare.jsutil import headers_dict, is_null, jsobj, to_bytes, uint8
 from durable.ports import ContainerGone, SnapshotInfo, StartSpec
 from protocol.errors import ProtocolError
+from protocol.limits import CONTROL_BODY_BYTES
 
 log = logging.getLogger("flarebox.cloudflare.container")
 
@@ -38,9 +39,22 @@ class JsContainerResponse:
         self.headers = headers_dict(js_response.headers)
         self.body = None if is_null(js_response.body) else js_response.body
 
-    async def read(self) -> bytes:
+    async def read(self, limit: int = CONTROL_BODY_BYTES) -> bytes:
+        """Chunk by chunk, never arrayBuffer(): a hostile sandbox's endless answer must not fill the isolate."""
+        if self.body is None:
+            return b""
         try:
-            return to_bytes(await self._js.arrayBuffer())
+            reader = self.body.getReader()
+            chunks: list[bytes] = []
+            size = 0
+            while not (result := await reader.read()).done:
+                chunk = to_bytes(result.value)
+                size += len(chunk)
+                if size > limit:
+                    await reader.cancel()
+                    raise ContainerGone(f"the container sent more than {limit} bytes for a control answer")
+                chunks.append(chunk)
+            return b"".join(chunks)
         except JsException as exc:
             raise ContainerGone("the container stopped while answering") from exc
 

@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from protocol.errors import ProtocolError
+from protocol.limits import CONTROL_BODY_BYTES
 
 JSON_TYPE = "application/json"
 NDJSON_TYPE = "application/x-ndjson"
@@ -109,13 +110,20 @@ class ContainerGone(Exception):
 
 
 class ContainerResponse(Protocol):
+    """The supervisor's answer. Everything in a sandbox is hostile: a control answer is read whole only up to a
+    cap, and streamed bodies (exec output, downloads) are passed through as `body`, never buffered."""
+
     status: int
     headers: dict[str, str]
     body: Any  # opaque runtime stream
 
-    async def read(self) -> bytes: ...
+    async def read(self, limit: int = CONTROL_BODY_BYTES) -> bytes:
+        """The whole body; raises ContainerGone (a misbehaving supervisor counts as an unreachable one) as soon as
+        it passes `limit` bytes, without buffering past it. The standalone runtime also bounds the whole read in
+        time (the request's timeout)."""
 
-    async def json(self) -> Any: ...
+    async def json(self) -> Any:
+        """`read()` (capped) as JSON."""
 
 
 class Container(Protocol):

@@ -1,4 +1,8 @@
-"""Calls from the workspace to the supervisor inside its container (docs/protocol.md, "Supervisor API")."""
+"""Calls from the workspace to the supervisor inside its container (docs/protocol.md, "Supervisor API").
+
+Every answer read here is a control answer: `read()`/`json()` refuse one past CONTROL_BODY_BYTES with ContainerGone
+(ports.ContainerResponse), and each call treats that like a supervisor that does not answer.
+"""
 
 import json
 import logging
@@ -45,7 +49,7 @@ async def health(container: Container) -> dict | None:
             return None
         body = await resp.json()
         return body if isinstance(body, dict) else None
-    except ContainerGone:
+    except (ContainerGone, ValueError):  # unreachable, or answering with more or other than a health body
         return None
 
 

@@ -368,7 +368,10 @@ class Workspace:
             return None
         try:
             resp = await self.container.fetch("POST", f"/exec/{rid}/cancel")
-            data = await resp.json() if resp.status == 200 else None
+            if resp.status != 200:
+                await resp.read()  # drained, capped like every control answer
+                return None
+            data = await resp.json()
         except ContainerGone:
             return None
         except Exception:

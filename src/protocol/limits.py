@@ -22,6 +22,9 @@ JOURNAL_KEEP_SECONDS = 3600  # ...and for how long after the command ended
 LEDGER_MAX_REQUESTS = 4096  # request ids a workspace remembers (replay guard, early cancel)
 DEFAULT_IDLE_SECONDS = 600
 MIN_TOKEN_CHARS = 32
+# the most the server reads of a supervisor's control answer (health, errors, sync, cancel): everything in a
+# sandbox is hostile, and one endless answer must not fill the server's memory
+CONTROL_BODY_BYTES = 1024 * 1024
 NAME_PATTERN = r"^[a-z0-9][a-z0-9_.-]{0,62}$"
 REQUEST_ID_PATTERN = r"^[0-9a-f]{32}$"
 ENV_NAME_PATTERN = r"^[A-Za-z_][A-Za-z0-9_]*$"
@@ -52,4 +55,5 @@ LIMITS = {
     "LEDGER_MAX_REQUESTS": LEDGER_MAX_REQUESTS,
     "DEFAULT_IDLE_SECONDS": DEFAULT_IDLE_SECONDS,
     "MIN_TOKEN_CHARS": MIN_TOKEN_CHARS,
+    "CONTROL_BODY_BYTES": CONTROL_BODY_BYTES,
 }

@@ -9,6 +9,7 @@ from urllib.parse import parse_qs, urlsplit
 from durable.ports import ContainerGone, SnapshotInfo
 from protocol.errors import ProtocolError, error_body
 from protocol.events import encode_event, exit_event, output_event
+from protocol.limits import CONTROL_BODY_BYTES
 
 
 class MemoryStorage:
@@ -119,13 +120,27 @@ class Reply:
         self.headers = headers or {}
         self.body = body  # bytes, or an async iterator of bytes (an opaque stream to the workspace)
 
-    async def read(self) -> bytes:
-        if isinstance(self.body, bytes):
-            return self.body
-        return b"".join([c async for c in self.body])
+    async def read(self, limit: int = CONTROL_BODY_BYTES) -> bytes:
+        """As ports.ContainerResponse: ContainerGone as soon as the body passes `limit` bytes."""
+        chunks = [self.body] if isinstance(self.body, bytes) else self.body
+        data = b""
+        async for chunk in _aiter(chunks):
+            data += chunk
+            if len(data) > limit:
+                raise ContainerGone(f"the sandbox sent more than {limit} bytes for a control answer")
+        return data
 
     async def json(self):
         return json.loads(await self.read())
+
+
+async def _aiter(chunks):
+    if isinstance(chunks, list):
+        for chunk in chunks:
+            yield chunk
+    else:
+        async for chunk in chunks:
+            yield chunk
 
 
 def _json(status, obj):
@@ -159,6 +174,7 @@ class FakeContainer:
         self.journal: dict[str, list[dict]] = {}
         self.holds: dict[str, asyncio.Event] = {}
         self.syncs = 0
+        self.answers: dict[tuple[str, str], Reply] = {}  # (method, path without query) → served instead of the route
         self._n = 0
 
     # --- ports.Container ---
@@ -223,6 +239,8 @@ class FakeContainer:
         if not self.up:
             raise ContainerGone()
         url = urlsplit(path)
+        if (method, url.path) in self.answers:
+            return self.answers[(method, url.path)]
         q = {k: v[0] for k, v in parse_qs(url.query).items()}
         parts = url.path.strip("/").split("/")
         if (method, url.path) == ("GET", "/health"):
