@@ -3,8 +3,11 @@
 Data layout (everything under the data dir):
     workspaces/<ns>/<ws>/state.sqlite3   config, state, ledger and the persisted alarm (one file per workspace)
     workspaces/<ns>/<ws>/root/            the sandbox's live files: workspace/, home/, tmp/ (sandbox_driver.py)
+    workspaces/<ns>/<ws>/uid              the workspace's own host uid (root server; uids.py), never reused
     snapshots/<ns>/<ws>/                  the snapshot store's archives and manifests
-    run/                                  the sandboxes' supervisor sockets and logs
+    uid-range, uid-next                   the server's block of host uids and the next one to hand out (root server)
+    run/<key>/sv.sock                     the supervisors' sockets, reachable by the server only (0700; a fresh
+                                          private dir under the system temp dir when this path is too long)
 Objects are forgotten (and their directory removed) once deleted. At shutdown the running sandboxes are stopped
 but their files stay, so the next exec reports `container: restarted`.
 """

@@ -18,8 +18,10 @@ from standalone.config import load_settings
 from standalone.http_protocol import FlareboxH11Protocol
 from standalone.registry import WorkspaceRegistry
 from standalone.sandbox_driver import SandboxDriver
+from standalone.seccomp import SeccompUnavailable
 from standalone.server import FlareboxApp
 from standalone.token import load_or_create_token, token_notice
+from standalone.uids import UidRangeError, UnsafeDirError
 from worker.edge import Edge
 
 log = logging.getLogger("flarebox.serve")
@@ -57,7 +59,11 @@ def run_server(*, host: str, port: int, data_dir: Path, log_level: str = "info")
         return 2
     token = load_or_create_token(data_dir)
     base_url = f"http://{host}:{port}" if ":" not in host else f"http://[{host}]:{port}"
-    app, registry, driver = build_app(data_dir, settings, token.value if token.usable else None)
+    try:
+        app, registry, driver = build_app(data_dir, settings, token.value if token.usable else None)
+    except (UidRangeError, UnsafeDirError, SeccompUnavailable) as err:
+        print(f"flarebox: {err}", file=sys.stderr)
+        return 2
 
     out = sys.stdout
     out.write(f"Flarebox {_version()} (protocol 1) — data in {data_dir}\n")
@@ -109,4 +115,5 @@ def run_server(*, host: str, port: int, data_dir: Path, log_level: str = "info")
         pass
     finally:
         signal.signal(signal.SIGTERM, previous)
+        driver.close()  # the sandboxes are stopped by now (lifespan shutdown)
     return 0 if server.started else 1
