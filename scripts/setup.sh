@@ -9,6 +9,8 @@ need_apt=()
 for bin in bwrap:bubblewrap zstd:zstd curl:curl tar:tar slirp4netns:slirp4netns; do
   command -v "${bin%%:*}" >/dev/null 2>&1 || need_apt+=("${bin##*:}")
 done
+# libseccomp.so.2 for the sandboxes' seccomp filter (a substitution, not a pipe: grep -q + pipefail would misfire)
+[[ "$(PATH="$PATH:/usr/sbin:/sbin" ldconfig -p 2>/dev/null || true)" == *libseccomp.so.2* ]] || need_apt+=(libseccomp2)
 if [ "$mode" = dev ]; then
   command -v node >/dev/null 2>&1 || need_apt+=(nodejs npm)
 fi

@@ -126,3 +126,31 @@ async def make_sandbox(short_tmp):
         for container in made:
             with contextlib.suppress(Exception):
                 await container.destroy()
+
+
+def run_as_unprivileged_server(short_tmp: Path, uid: int, script: str, *args: str) -> subprocess.CompletedProcess:
+    """Run `script` (python -c) as host `uid` with the system Python 3.11 in a throwaway venv that reuses this venv's
+    packages (the dev interpreter may live in a directory other users cannot enter), cwd and HOME a fresh dir that
+    uid owns (passed as the script's first argument). Skips where that cannot be set up. Needs root."""
+    import sys
+
+    system_python = next((p for p in ("/usr/bin/python3.11", "/usr/local/bin/python3.11") if os.path.exists(p)), None)
+    reason = bwrap_usable()
+    if reason or system_python is None or sys.version_info[:2] != (3, 11):
+        pytest.skip(reason or "needs a system python3.11 matching the dev venv")
+    venv = short_tmp / "venv"
+    subprocess.run([system_python, "-m", "venv", "--without-pip", str(venv)], check=True)
+    dev_site = next(p for p in sys.path if p.endswith("site-packages") and p.startswith(sys.prefix))
+    site = next((venv / "lib").glob("python3*/site-packages"))
+    (site / "dev_packages.pth").write_text(f"import site; site.addsitedir({dev_site!r})\n")
+    work = short_tmp / "rootless"
+    work.mkdir()
+    os.chown(work, uid, uid)
+    return subprocess.run(
+        ["setpriv", f"--reuid={uid}", f"--regid={uid}", "--clear-groups", str(venv / "bin" / "python"), "-c"]
+        + [script, str(work), *args],
+        capture_output=True,
+        timeout=60,
+        env={"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "HOME": str(work)},
+        cwd=work,
+    )
