@@ -1,10 +1,15 @@
-"""python -m flarebox_supervisor [--host H --port P | --unix PATH] [--user sandbox] [--workdir /workspace]"""
+"""python -m flarebox_supervisor [--host H --port P | --unix PATH | --listen-fd N] [--user sandbox] [--workdir DIR]
+
+`--listen-fd` serves on an inherited unix socket that its parent already bound (the standalone runtime binds it in
+a directory the sandbox cannot see, so nothing inside can move or replace the path the server connects to); the
+supervisor calls listen() itself, so the server's SO_PEERCRED check sees the sandbox's process, not its own."""
 
 import argparse
 import asyncio
 import logging
 import os
 import signal
+import socket
 import sys
 
 from aiohttp import web
@@ -23,6 +28,7 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     parser.add_argument("--host", default="0.0.0.0", help="TCP address to listen on (default 0.0.0.0)")  # noqa: S104
     parser.add_argument("--port", type=int, default=8080, help="TCP port (default 8080)")
     parser.add_argument("--unix", metavar="PATH", help="listen on this unix socket instead of TCP")
+    parser.add_argument("--listen-fd", type=int, metavar="N", help="serve on this inherited, bound unix socket")
     parser.add_argument("--user", default="sandbox", help="unprivileged user for commands and files when root")
     parser.add_argument("--workdir", default="/workspace", help="default cwd of commands")
     return parser.parse_args(argv)
@@ -31,7 +37,9 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
 async def serve(args: argparse.Namespace, app: web.Application) -> None:
     runner = web.AppRunner(app, access_log=None, handle_signals=False)
     await runner.setup()
-    if args.unix:
+    if args.listen_fd is not None:
+        site = web.SockSite(runner, socket.socket(fileno=args.listen_fd))
+    elif args.unix:
         site = web.UnixSite(runner, args.unix)
     else:
         site = web.TCPSite(runner, args.host, args.port)

@@ -8,14 +8,21 @@ network (a server bound to 0.0.0.0 is as reachable as it is from the LAN: it sti
 
 The namespace is made by the launcher while it is still root, and slirp4netns joins it by path (CAP_SYS_ADMIN in
 the host user namespace): a root server only.
-It is sandboxed itself (`--enable-sandbox --enable-seccomp`: own mount namespace, capabilities dropped) and exits
-when the server closes its exit pipe — or dies, which closes it too.
+It is sandboxed itself (`--enable-sandbox --enable-seccomp`: own mount namespace, capabilities dropped), runs in
+the sandbox's own cgroup (so the memory its connections take is charged to the sandbox, not the host) with at most
+SLIRP_MAX_FDS open files, and exits when the server closes its exit pipe — or dies, which closes it too.
+
+Not blocked: the host's own non-loopback addresses. A host service bound to 0.0.0.0 (or to the host's LAN address)
+is reachable from a sandbox through that address, and the connection arrives *from* that address, so a service that
+trusts "local" peers by source address would trust the sandbox. Bind such services to 127.0.0.1.
 """
 
+import json
 import os
 import select
 import shutil
 import subprocess
+import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -23,6 +30,9 @@ from pathlib import Path
 PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 NAMESERVER = "10.0.2.3"
 MTU = 65520
+# one descriptor per connection the sandbox opens: bounds the kernel socket state a sandbox can pin on the host
+SLIRP_MAX_FDS = 512
+_LAUNCHER = Path(__file__).with_name("sandbox_launch.py")
 
 
 def private_network_available() -> bool:
@@ -34,7 +44,10 @@ def describe(enable_internet: bool) -> str:
     if not enable_internet:
         return "off"
     if private_network_available():
-        return "on (outbound only, through slirp4netns; the host's loopback is unreachable)"
+        return (
+            "on (outbound only, through slirp4netns; the host's loopback is unreachable, but services listening on "
+            "the host's other addresses, 0.0.0.0 included, are reachable from sandboxes: bind them to 127.0.0.1)"
+        )
     why = "not root" if os.geteuid() != 0 else "slirp4netns is not installed"
     return (
         f"on, SHARED with the host ({why}): commands can reach every service on the host's loopback, this server's "
@@ -86,12 +99,16 @@ class PrivateNetwork:
                 os.close(fd)
                 setattr(self, name, -1)
 
-    async def start(self, pid: int, timeout: float, log_path: Path, alive: Callable[[], bool]) -> None:
+    async def start(
+        self, pid: int, timeout: float, log_fd: int, alive: Callable[[], bool], cgroup_procs: list[str]
+    ) -> None:
+        """Plug slirp4netns into the namespace of launcher `pid`; its output goes to `log_fd`, and it joins the
+        sandbox's cgroup (`cgroup_procs`) before it runs."""
         import asyncio
 
-        await asyncio.to_thread(self._start, pid, timeout, log_path, alive)
+        await asyncio.to_thread(self._start, pid, timeout, log_fd, alive, cgroup_procs)
 
-    def _start(self, pid: int, timeout: float, log_path: Path, alive: Callable[[], bool]) -> None:
+    def _start(self, pid: int, timeout: float, log_fd: int, alive: Callable[[], bool], cgroup_procs: list[str]) -> None:
         deadline = time.monotonic() + timeout
         if self._read(self._ready_r, deadline, alive) != b"1":
             raise OSError("the sandbox launcher could not make its network namespace")
@@ -101,16 +118,16 @@ class PrivateNetwork:
             argv = [shutil.which("slirp4netns", path=PATH) or "slirp4netns", "--configure", f"--mtu={MTU}"]
             argv += ["--disable-host-loopback", "--enable-sandbox", "--enable-seccomp", "--netns-type=path"]
             argv += [f"--exit-fd={exit_r}", f"--ready-fd={ready_w}", f"/proc/{pid}/ns/net", "tap0"]
-            with open(log_path, "ab") as log:
-                self._proc = subprocess.Popen(
-                    argv,
-                    stdin=subprocess.DEVNULL,
-                    stdout=log,
-                    stderr=subprocess.STDOUT,
-                    env={"PATH": PATH},
-                    pass_fds=(exit_r, ready_w),
-                    start_new_session=True,
-                )
+            launch = {"cgroup_procs": cgroup_procs, "nofile": SLIRP_MAX_FDS, "argv": argv, "env": {"PATH": PATH}}
+            self._proc = subprocess.Popen(
+                [sys.executable, "-I", str(_LAUNCHER), json.dumps(launch)],
+                stdin=subprocess.DEVNULL,
+                stdout=log_fd,
+                stderr=subprocess.STDOUT,
+                env={"PATH": PATH},
+                pass_fds=(exit_r, ready_w),
+                start_new_session=True,
+            )
         finally:
             os.close(exit_r)
             os.close(ready_w)

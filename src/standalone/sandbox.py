@@ -10,9 +10,16 @@ namespace: empty when internet is off, and with internet on (root server with sl
 user-mode NAT that refuses the host's loopback, so a sandbox never reaches this server's port or other local services
 (see network.py; otherwise it shares the host network, and `flarebox serve` says so); a clean environment (nothing
 of the server's, so never SANDBOX_API_TOKEN); no capabilities and no nested user namespaces. It never runs as host
-root: a root server starts bwrap as an unprivileged host uid/gid (default 64000:64000, owner of the live dirs),
-mapped to the sandbox uid inside (default 1000); an unprivileged server runs it as itself. See sandbox_launch.py for
-how a root server gets bind sources below private directories to that uid.
+root: a root server starts bwrap as the workspace's own unprivileged host uid (= gid), allocated once from the
+server's range and never reused (uids.py; owner of the live dirs), mapped to the sandbox uid inside (default 1000);
+an unprivileged server runs it as itself. See sandbox_launch.py for how a root server gets bind sources below
+private directories to that uid. A seccomp filter (seccomp.py) makes host-wide or risky syscalls (keyrings, io_uring,
+bpf, mounts, namespaces, clock, kernel modules) fail with EPERM.
+
+The control socket: the server binds it in a directory of its own (`<runtime>/<key>/`, 0700, made afresh at every
+start, never bound into the sandbox) and hands the bound descriptor to the supervisor, which listens on it; every
+connection's peer must be this sandbox (peer.py). The sandbox's stdout/stderr is a pipe the server drains into a
+bounded tail (log_tail.py), never a host file. See docs/architecture.md.
 
 Not isolated: with internet on and no slirp4netns (or an unprivileged server), the sandbox shares the host's network
 namespace (so it also reaches services on the host's loopback); disk use is not limited (the live dirs are plain
@@ -28,6 +35,8 @@ import os
 import re
 import shutil
 import signal
+import socket
+import stat
 import subprocess
 import sys
 from collections.abc import AsyncIterator
@@ -40,15 +49,18 @@ import httpx
 from durable.ports import ContainerGone, SnapshotInfo, StartSpec
 from protocol import limits
 from protocol.errors import ProtocolError
+from standalone import seccomp
 from standalone.cgroups import Cgroups, SandboxGroup, limits_for
+from standalone.log_tail import LogTail
 from standalone.network import PrivateNetwork, data_fd, private_network_available
+from standalone.peer import PeerCheckedBackend
 from standalone.snapshots import SnapshotStore
+from standalone.uids import adopt_tree
 
 log = logging.getLogger("flarebox.sandbox")
 
 SANDBOX_USER = "sandbox"
 SANDBOX_HOME = "/home/sandbox"
-SOCKET_DIR_INSIDE = "/run/flarebox"
 SOCKET_NAME = "sv.sock"
 MAX_SOCKET_PATH = 100  # sun_path is 108 bytes; keep a margin
 STAGE_DIR = "/tmp"  # noqa: S108 - covered by a private tmpfs in the launcher's own mount namespace, never written
@@ -68,7 +80,8 @@ _SYSTEM_DIRS = ("/usr", "/etc", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/l
 @dataclass(frozen=True)
 class SandboxIds:
     """Who the sandbox is: `uid`/`gid` inside (user `sandbox`), `host_uid`/`host_gid` on the host when the server
-    is root (an unprivileged server always uses its own ids)."""
+    is root (an unprivileged server always uses its own ids). A root `flarebox serve` gives each workspace its own
+    host ids from its range (sandbox_driver.py, uids.py); the defaults serve sandboxes built directly (tests)."""
 
     uid: int = 1000
     gid: int = 1000
@@ -125,6 +138,29 @@ def remove_tree(path: Path) -> None:
     shutil.rmtree(path, ignore_errors=True)
 
 
+def remove_path(path: Path) -> None:
+    """Remove whatever is at `path` — file, socket, symlink (not its target) or directory tree — or nothing."""
+    try:
+        st = os.lstat(path)
+    except FileNotFoundError:
+        return
+    if stat.S_ISDIR(st.st_mode):
+        shutil.rmtree(path)  # never follows symlinks inside
+    else:
+        os.unlink(path)
+
+
+def _peer_checked_transport(path: str, expected) -> httpx.AsyncHTTPTransport:
+    """httpx over the unix socket at `path`, using a connection only when its peer is the sandbox (peer.py).
+    httpx takes no network backend, so the pool's is swapped; checked here so an httpx upgrade fails loudly."""
+    transport = httpx.AsyncHTTPTransport(uds=path)
+    pool = transport._pool
+    if not hasattr(pool, "_network_backend"):
+        raise RuntimeError("this httpcore version has no pluggable network backend; the peer check needs one")
+    pool._network_backend = PeerCheckedBackend(expected)
+    return transport
+
+
 class SandboxContainer:
     def __init__(
         self,
@@ -148,12 +184,14 @@ class SandboxContainer:
         self._as_root = os.geteuid() == 0
         key = hashlib.sha256(f"{namespace}/{workspace}\0{self.root_dir.resolve()}".encode()).hexdigest()[:12]
         self.name = f"fbx-{key}"
+        # the supervisor's socket: in a directory only the server can reach, never bound into any sandbox
         self.socket_dir = Path(runtime_dir) / key
         self.socket_path = self.socket_dir / SOCKET_NAME
         if len(os.fsencode(self.socket_path)) >= MAX_SOCKET_PATH:
             raise ValueError(f"runtime dir too long for a unix socket path: {self.socket_path}")
-        self.log_path = Path(runtime_dir) / f"{key}.log"
         self._proc: subprocess.Popen | None = None
+        self._log: LogTail | None = None
+        (Path(runtime_dir) / f"{key}.log").unlink(missing_ok=True)  # a host log file of older versions
         self._group: SandboxGroup | None = None
         self._net: PrivateNetwork | None = None
         self._client: httpx.AsyncClient | None = None
@@ -194,7 +232,9 @@ class SandboxContainer:
                 self._prepare_live_dirs()
                 self._spawn(spec)
                 if self._net is not None:
-                    await self._net.start(self._proc.pid, self.startup_timeout, self.log_path, self.running)
+                    procs = self._group.procs_files if self._group else []
+                    await self._net.start(self._proc.pid, self.startup_timeout, self._log.write_fd, self.running, procs)
+                self._log.close_writer()
                 await self._wait_ready()
             except (OSError, ValueError, subprocess.SubprocessError) as exc:
                 await self._kill()
@@ -206,6 +246,8 @@ class SandboxContainer:
     def _prepare_live_dirs(self) -> None:
         self.root_dir.mkdir(parents=True, exist_ok=True, mode=0o755)
         uid, gid = self.host_ids
+        if self._as_root:  # before the loop below, which would mark the top dirs adopted
+            adopt_tree(self.root_dir, uid, gid)
         for sub, mode in LIVE_SUBDIRS.items():
             path = self.root_dir / sub
             if not path.is_dir() or path.is_symlink():
@@ -215,10 +257,10 @@ class SandboxContainer:
                 os.chmod(path, mode)
             if self._as_root:
                 os.lchown(path, uid, gid)
-        self.socket_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
-        if self._as_root:
-            os.chown(self.socket_dir, uid, gid)
-        self.socket_path.unlink(missing_ok=True)
+        # a fresh, server-only directory on every start: nothing of a predecessor's is used, whatever it left
+        remove_path(self.socket_dir)
+        self.socket_dir.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+        self.socket_dir.mkdir(mode=0o700)
 
     def _spawn(self, spec: StartSpec) -> None:
         sources: list[str] = []  # host directories to stage for an unprivileged bwrap (root server only)
@@ -230,11 +272,17 @@ class SandboxContainer:
             return f"{STAGE_DIR}/{len(sources) - 1}"
 
         passwd, group = _passwd(self.ids)
+        seccomp_fd = seccomp.filter_fd()  # first: it raises (no libseccomp) before any other fd is open
         passwd_fd, group_fd = data_fd(passwd), data_fd(group)
+        # bound here, listened on by the supervisor (so SO_PEERCRED names it), closed here once it holds a copy
+        listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        self._log = LogTail()
         try:
+            listener.bind(str(self.socket_path))
             argv = [shutil.which("bwrap") or "/usr/bin/bwrap"]
             argv += ["--unshare-user", "--uid", str(self.ids.uid), "--gid", str(self.ids.gid), "--disable-userns"]
             argv += ["--unshare-pid", "--unshare-ipc", "--unshare-uts", "--unshare-cgroup-try"]
+            argv += ["--seccomp", str(seccomp_fd)]  # applied just before bwrap execs the supervisor
             self._net = PrivateNetwork() if spec.enable_internet and private_network_available() else None
             if not spec.enable_internet:
                 argv += ["--unshare-net"]  # no network at all (a private one is made by the launcher, see network.py)
@@ -252,7 +300,7 @@ class SandboxContainer:
             argv += ["--bind", source(self.root_dir / "home"), SANDBOX_HOME]
             argv += ["--bind", source(self.root_dir / "tmp"), "/tmp"]  # noqa: S108 - the sandbox's own /tmp
             argv += ["--dir", "/var", "--symlink", "../tmp", "/var/tmp"]  # noqa: S108 - points at the sandbox /tmp
-            argv += ["--bind", source(self.socket_dir), SOCKET_DIR_INSIDE]
+            argv += ["--dir", "/run"]  # empty and read-only, as in an image: nothing of the server's is in it
             for path in _python_sources():  # after the live dirs: a Python installed below /tmp stays visible
                 argv += ["--ro-bind", source(path), path]
             argv += ["--remount-ro", "/"]  # the root tmpfs bwrap builds would otherwise belong to the sandbox user
@@ -262,7 +310,7 @@ class SandboxContainer:
             for key, value in env.items():
                 argv += ["--setenv", key, value]
             argv += ["--", sys.executable, "-I", "-B", "-m", "flarebox_supervisor"]
-            argv += ["--unix", f"{SOCKET_DIR_INSIDE}/{SOCKET_NAME}", "--workdir", "/workspace"]
+            argv += ["--listen-fd", str(listener.fileno()), "--workdir", "/workspace"]
 
             if self.cgroups is not None:
                 self._group = self.cgroups.create(self.name, limits_for(spec.instance))
@@ -276,27 +324,40 @@ class SandboxContainer:
                 "env": {"PATH": PATH},  # bwrap's own environment; the sandbox's is set by --clearenv/--setenv
                 **(self._net.launch_spec() if self._net is not None else {}),
             }
-            with open(self.log_path, "ab") as log_file:
-                # spawned from the event loop's thread: --die-with-parent watches the thread that forked bwrap
-                self._proc = subprocess.Popen(
-                    [sys.executable, "-I", str(_LAUNCHER), json.dumps(launch)],
-                    stdin=subprocess.DEVNULL,
-                    stdout=log_file,
-                    stderr=subprocess.STDOUT,
-                    env={"PATH": PATH},
-                    pass_fds=(passwd_fd, group_fd, *(self._net.child_fds() if self._net else ())),
-                    start_new_session=True,
-                )
+            # spawned from the event loop's thread: --die-with-parent watches the thread that forked bwrap
+            self._proc = subprocess.Popen(
+                [sys.executable, "-I", str(_LAUNCHER), json.dumps(launch)],
+                stdin=subprocess.DEVNULL,
+                stdout=self._log.write_fd,
+                stderr=subprocess.STDOUT,
+                env={"PATH": PATH},
+                pass_fds=(
+                    passwd_fd,
+                    group_fd,
+                    seccomp_fd,
+                    listener.fileno(),
+                    *(self._net.child_fds() if self._net else ()),
+                ),
+                start_new_session=True,
+            )
+            self._log.start()
         finally:
             os.close(passwd_fd)
             os.close(group_fd)
+            os.close(seccomp_fd)
+            listener.close()
             if self._net is not None:
                 self._net.spawned()
         self._client = httpx.AsyncClient(
-            transport=httpx.AsyncHTTPTransport(uds=str(self.socket_path)),
+            transport=_peer_checked_transport(str(self.socket_path), self._expected_peer),
             base_url="http://sandbox",
             timeout=_silence_timeout(None),
         )
+
+    def _expected_peer(self) -> tuple[int, int] | None:
+        """(host uid, bwrap pid) of the sandbox running now: only its processes may answer on its socket."""
+        proc = self._proc
+        return (self.host_ids[0], proc.pid) if proc is not None and proc.poll() is None else None
 
     async def _wait_ready(self) -> None:
         loop = asyncio.get_running_loop()
@@ -307,10 +368,11 @@ class SandboxContainer:
                 raise ProtocolError("container_unavailable", f"the sandbox exited during startup: {self._log_tail()}")
             if self.socket_path.exists():
                 try:
-                    response = await self._client.get("/health", timeout=5.0)
-                    if response.status_code == 200:
+                    response = await self.fetch("GET", "/health", timeout=5.0)
+                    await response.read()  # capped: an impostor's endless answer is refused, not buffered
+                    if response.status == 200:
                         return
-                except httpx.TransportError:
+                except ContainerGone:
                     pass
             if loop.time() > deadline:
                 raise ProtocolError(
@@ -320,12 +382,7 @@ class SandboxContainer:
             delay = min(delay * 2, 0.05)
 
     def _log_tail(self, limit: int = 600) -> str:
-        try:
-            with open(self.log_path, "rb") as f:
-                f.seek(max(0, f.seek(0, os.SEEK_END) - limit))
-                return f.read().decode("utf-8", "replace").strip() or "(no output)"
-        except OSError:
-            return "(no log)"
+        return self._log.text(limit) if self._log is not None else "(no output)"
 
     async def stop(self) -> None:
         """Stop the sandbox and keep its files (server shutdown; the next start reports `restarted`)."""
@@ -336,9 +393,7 @@ class SandboxContainer:
         async with self._lock:
             await self._kill()
             await asyncio.to_thread(remove_tree, self.root_dir)
-            with contextlib.suppress(OSError):
-                self.socket_dir.rmdir()
-            self.log_path.unlink(missing_ok=True)
+            remove_path(self.socket_dir)
 
     async def _kill(self) -> None:
         proc = self._proc
@@ -352,7 +407,7 @@ class SandboxContainer:
         await self._reap()
 
     async def _reap(self) -> None:
-        """Release what a dead sandbox leaves: its HTTP client, its cgroup, its socket."""
+        """Release what a dead sandbox leaves: its HTTP client, its cgroup, its log pipe, its socket directory."""
         if self._proc is not None and self._proc.poll() is None:
             return
         self._proc = None
@@ -368,7 +423,10 @@ class SandboxContainer:
                 await asyncio.to_thread(self.cgroups.remove, group)
             except OSError:
                 log.warning("could not remove cgroup %s", group.dirs)
-        self.socket_path.unlink(missing_ok=True)
+        if self._log is not None:
+            sandbox_log, self._log = self._log, None
+            sandbox_log.close()
+        remove_path(self.socket_dir)
 
     @staticmethod
     async def _wait_exit(proc: subprocess.Popen, timeout: float) -> bool:
@@ -448,14 +506,21 @@ def _silent(exc: httpx.TimeoutException, timeout: float | None) -> str:
     )
 
 
-class SandboxResponse:
-    """The supervisor's answer; `body` streams it and raises ContainerGone if the sandbox dies mid-body."""
+# A control answer (health, an error, sync, cancel) must arrive whole within its request's timeout, or this long for
+# a request without one: a drip of bytes, each within the silence timeout, must not hold a request for ever.
+CONTROL_READ_SECONDS = 30.0
 
-    def __init__(self, response: httpx.Response):
+
+class SandboxResponse:
+    """The supervisor's answer; `body` streams it and raises ContainerGone if the sandbox dies mid-body.
+    `read_seconds` bounds a whole `read()` (default: the request's timeout, else CONTROL_READ_SECONDS)."""
+
+    def __init__(self, response: httpx.Response, *, read_seconds: float | None = None):
         self._response = response
         self.status = response.status_code
         self.headers = {k.lower(): v for k, v in response.headers.items()}
         self.body = self._iterate()
+        self.read_seconds = read_seconds or _request_read_timeout(response) or CONTROL_READ_SECONDS
 
     async def _iterate(self) -> AsyncIterator[bytes]:
         try:
@@ -469,8 +534,25 @@ class SandboxResponse:
         finally:
             await self._response.aclose()
 
-    async def read(self) -> bytes:
-        return b"".join([chunk async for chunk in self.body])
+    async def read(self, limit: int = limits.CONTROL_BODY_BYTES) -> bytes:
+        """The whole body, for a control answer; ContainerGone past `limit` bytes or `read_seconds`."""
+        try:
+            async with asyncio.timeout(self.read_seconds):
+                return await self._read_at_most(limit)
+        except TimeoutError:
+            raise ContainerGone(f"the sandbox did not finish a control answer in {self.read_seconds:g} s") from None
+        finally:
+            await self.aclose()  # a no-op after a whole body; otherwise drops the connection, unread
+
+    async def _read_at_most(self, limit: int) -> bytes:
+        chunks: list[bytes] = []
+        size = 0
+        async for chunk in self.body:
+            size += len(chunk)
+            if size > limit:
+                raise ContainerGone(f"the sandbox sent more than {limit} bytes for a control answer")
+            chunks.append(chunk)
+        return b"".join(chunks)
 
     async def json(self) -> Any:
         return json.loads(await self.read())
@@ -478,3 +560,11 @@ class SandboxResponse:
     async def aclose(self) -> None:
         await self.body.aclose()
         await self._response.aclose()
+
+
+def _request_read_timeout(response: httpx.Response) -> float | None:
+    """The per-read timeout the request was sent with (its `timeout`; SILENCE_SECONDS when it gave none)."""
+    try:
+        return response.request.extensions["timeout"]["read"]
+    except (RuntimeError, KeyError, TypeError):  # a response built without a request (tests)
+        return None

@@ -4,7 +4,8 @@ Runs as the server's user in the process that becomes bwrap (so bwrap is the ser
 `--die-with-parent` holds). In order:
 
 1. join the sandbox's cgroups (write our pid to each `cgroup.procs`): bwrap and every process it starts are then
-   limited from their first instruction;
+   limited from their first instruction; with `nofile`, cap open files (how slirp4netns is started: the same
+   launcher puts it in the sandbox's cgroup and exec's it, steps 1b–3 unused);
 1b. with a private network (network.py): enter a new network namespace (owned by the host's user namespace, so
    nothing in the sandbox can reconfigure it), bring its loopback up, tell the server (`net_ready_fd`) and wait
    until the server says slirp4netns has plugged the NAT in (`net_go_fd`);
@@ -23,6 +24,7 @@ import ctypes.util
 import fcntl
 import json
 import os
+import resource
 import socket
 import struct
 import sys
@@ -97,6 +99,8 @@ def drop_privileges(uid: int, gid: int) -> None:
 def main() -> None:
     spec = json.loads(sys.argv[1])
     join_cgroups(spec.get("cgroup_procs", []))
+    if spec.get("nofile") is not None:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (spec["nofile"], spec["nofile"]))
     if spec.get("net_ready_fd") is not None:
         private_network(spec["net_ready_fd"], spec["net_go_fd"])
     if spec.get("stage"):

@@ -17,6 +17,8 @@ import pytest
 from e2e import exec_events, output_of, put_workspace, rid, run_ok, started, terminal, wait_until, ws_url
 from faults import assert_files, cmdline, put_files, sample_files, supervisor_pids
 
+from standalone.peer import descends_from
+
 pytestmark = [pytest.mark.timeout(240), pytest.mark.skipif(not shutil.which("bwrap"), reason="needs bubblewrap")]
 
 SILENCE_BOUND = 60  # the documented silence limit is 30 s; generous headroom for a loaded CI machine
@@ -95,7 +97,6 @@ def test_exec_on_a_frozen_supervisor_ends_with_an_error_and_recovers_after_sigco
 def _freeze_new_supervisors(srv, stop: threading.Event, frozen: list[int], known: set[int]) -> None:
     """Poll /proc and SIGSTOP any new supervisor of this server's sandboxes the moment it exists (before it can
     listen: the interpreter takes far longer to start than one poll)."""
-    prefix = str(srv.data_dir) + "/"
     while not stop.is_set():
         for entry in os.listdir("/proc"):
             if not entry.isdigit() or int(entry) in known:
@@ -105,7 +106,7 @@ def _freeze_new_supervisors(srv, stop: threading.Event, frozen: list[int], known
             if "flarebox_supervisor" not in line or line.split(" ")[0].endswith("bwrap"):
                 continue
             try:
-                if not os.readlink(f"/proc/{pid}/fd/1").startswith(prefix):
+                if not descends_from(pid, srv.proc.pid):  # a sandbox of this server's, not another's
                     continue
                 os.kill(pid, signal.SIGSTOP)
             except OSError:

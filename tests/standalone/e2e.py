@@ -1,5 +1,6 @@
 """Helpers for the end-to-end tests: exec over raw HTTP (httpx), finding a workspace's sandbox processes, polling."""
 
+import hashlib
 import json
 import os
 import shutil
@@ -231,22 +232,42 @@ def _cmdline(pid: int) -> list[str]:
     return [part.decode(errors="replace") for part in raw.split(b"\0") if part]
 
 
+def _is_bwrap(pid: int, cmd: list[str] | None = None) -> bool:
+    cmd = _cmdline(pid) if cmd is None else cmd
+    return bool(cmd) and os.path.basename(cmd[0]) == "bwrap"
+
+
+def _runtime_keys(server: "ServerProcess", workspace: str) -> set[str]:
+    """The sandbox names (`fbx-<key>`, also their cgroups' names) `workspace` has in any namespace of `server`."""
+    keys = set()
+    for ws_dir in (server.data_dir / "workspaces").glob(f"*/{workspace}"):
+        root = (ws_dir / "root").resolve()
+        keys.add("fbx-" + hashlib.sha256(f"{ws_dir.parent.name}/{workspace}\0{root}".encode()).hexdigest()[:12])
+    return keys
+
+
 def sandbox_pids(server: "ServerProcess", workspace: str) -> list[int]:
-    """PIDs of the bwrap processes running `workspace` for `server`: bwrap is given `--hostname <workspace>`, and
-    its output goes to a log under the server's data dir (bind paths may be staged, so they do not identify it)."""
+    """PIDs of the outer bwrap processes running `workspace` for `server`: bwrap is given `--hostname <workspace>`
+    and is the server's own child (the launcher execs it) — or, once the server is gone, still sits in the
+    workspace's cgroup (named after the workspace's key), so a sandbox outliving its server is found too."""
+    keys = _runtime_keys(server, workspace)
     pids = []
     for entry in os.listdir("/proc"):
         if not entry.isdigit():
             continue
         cmd = _cmdline(int(entry))
-        if not cmd or os.path.basename(cmd[0]) != "bwrap":
+        if not _is_bwrap(int(entry), cmd):
             continue
         if not any(a == "--hostname" and b == workspace[:63] for a, b in zip(cmd, cmd[1:], strict=False)):
             continue
         try:
-            out = os.readlink(f"/proc/{entry}/fd/1")
+            stat = Path(f"/proc/{entry}/stat").read_bytes()
+            cgroup = Path(f"/proc/{entry}/cgroup").read_text()
         except OSError:
             continue
-        if out.startswith(str(server.data_dir) + "/"):
+        parent = int(stat[stat.rindex(b")") + 2 :].split()[1])
+        if server.proc is not None and parent == server.proc.pid:
             pids.append(int(entry))
+        elif parent != 0 and any(f"/{key}" in cgroup for key in keys) and not _is_bwrap(parent):
+            pids.append(int(entry))  # the outer bwrap of a sandbox whose server died (its parent is not bwrap)
     return sorted(pids)
