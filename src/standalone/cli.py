@@ -16,13 +16,6 @@ ERROR_EXIT = 125  # flarebox itself failed (as docker does); a command's own exi
 CANCELLED_EXIT = 130
 
 
-def default_data_dir() -> Path:
-    env = os.environ.get("FLAREBOX_DATA_DIR")
-    if env:
-        return Path(env).expanduser()
-    return Path.home() / ".local" / "share" / "flarebox"
-
-
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="flarebox", description="A sandboxed remote terminal for AI agents.")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
@@ -69,6 +62,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.command == "exec":
         args.argv = args.argv + command
     if args.command == "serve":
+        from standalone.config import default_data_dir
         from standalone.serve import run_server
 
         return run_server(
@@ -86,6 +80,7 @@ def main(argv: list[str] | None = None) -> int:
 
 def _client():
     from flarebox_hermes.client import Client
+    from standalone.config import default_data_dir
     from standalone.token import read_local_token
 
     endpoint = os.environ.get("HERMES_CF_ENDPOINT")

@@ -14,6 +14,15 @@ from durable.settings import SETTING_VARS, Settings
 REPO_ROOT = Path(__file__).resolve().parents[2]
 
 
+def default_data_dir() -> Path:
+    """Where `flarebox serve` keeps its data unless --data-dir says otherwise: $FLAREBOX_DATA_DIR, else
+    ~/.local/share/flarebox. The client commands and `flarebox hermes install` read the local token from here."""
+    env = os.environ.get("FLAREBOX_DATA_DIR")
+    if env:
+        return Path(env).expanduser()
+    return Path.home() / ".local" / "share" / "flarebox"
+
+
 def strip_jsonc(text: str) -> str:
     """JSONC → JSON: drop // and /* */ comments and trailing commas, leaving string contents untouched."""
     out: list[str] = []

@@ -157,7 +157,7 @@ def main(argv: list[str] | None = None) -> int:
             print(f"flarebox hermes install: --endpoint: {exc}", file=sys.stderr)
             return 2
     if args.token_from_data_dir is not None:
-        from standalone.cli import default_data_dir
+        from standalone.config import default_data_dir
         from standalone.token import read_local_token, token_path
 
         data_dir = Path(args.token_from_data_dir).expanduser() if args.token_from_data_dir else default_data_dir()

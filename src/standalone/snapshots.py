@@ -288,9 +288,6 @@ class SnapshotStore:
         (ws_dir / (snapshot_id + MANIFEST_SUFFIX)).unlink(missing_ok=True)
         (ws_dir / (snapshot_id + ARCHIVE_SUFFIX)).unlink(missing_ok=True)
 
-    def delete_all(self, namespace: str, workspace: str) -> None:
-        shutil.rmtree(self._dir(namespace, workspace), ignore_errors=True)
-
     # ---- restoring ----------------------------------------------------------------------------------------
     def restore(self, namespace: str, workspace: str, snapshot_id: str, target_dir: str | os.PathLike) -> SnapshotInfo:
         """Replace `target_dir` with the snapshot's files, atomically. Raises ProtocolError('snapshot_damaged')

