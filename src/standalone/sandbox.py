@@ -50,6 +50,7 @@ from durable.ports import ContainerGone, SnapshotInfo, StartSpec
 from protocol import limits
 from protocol.errors import ProtocolError
 from standalone import seccomp
+from standalone.bwrap import LiveDirs, SandboxFds, bwrap_argv, host_system_dirs
 from standalone.cgroups import Cgroups, SandboxGroup, limits_for
 from standalone.log_tail import LogTail
 from standalone.network import PrivateNetwork, data_fd, private_network_available
@@ -279,38 +280,28 @@ class SandboxContainer:
         self._log = LogTail()
         try:
             listener.bind(str(self.socket_path))
-            argv = [shutil.which("bwrap") or "/usr/bin/bwrap"]
-            argv += ["--unshare-user", "--uid", str(self.ids.uid), "--gid", str(self.ids.gid), "--disable-userns"]
-            argv += ["--unshare-pid", "--unshare-ipc", "--unshare-uts", "--unshare-cgroup-try"]
-            argv += ["--seccomp", str(seccomp_fd)]  # applied just before bwrap execs the supervisor
             self._net = PrivateNetwork() if spec.enable_internet and private_network_available() else None
-            if not spec.enable_internet:
-                argv += ["--unshare-net"]  # no network at all (a private one is made by the launcher, see network.py)
-            argv += ["--hostname", self.workspace[:63], "--die-with-parent", "--new-session"]
-            for path in _SYSTEM_DIRS:
-                if os.path.islink(path):
-                    argv += ["--symlink", os.readlink(path), path]  # merged /usr: /bin -> usr/bin
-                elif os.path.isdir(path):
-                    argv += ["--ro-bind", path, path]
-            argv += ["--ro-bind-data", str(passwd_fd), "/etc/passwd", "--ro-bind-data", str(group_fd), "/etc/group"]
-            if self._net is not None:
-                argv += self._net.bwrap_args()  # after /etc: it covers /etc/resolv.conf
-            argv += ["--proc", "/proc", "--dev", "/dev"]
-            argv += ["--bind", source(self.root_dir / "workspace"), "/workspace"]
-            argv += ["--bind", source(self.root_dir / "home"), SANDBOX_HOME]
-            argv += ["--bind", source(self.root_dir / "tmp"), "/tmp"]  # noqa: S108 - the sandbox's own /tmp
-            argv += ["--dir", "/var", "--symlink", "../tmp", "/var/tmp"]  # noqa: S108 - points at the sandbox /tmp
-            argv += ["--dir", "/run"]  # empty and read-only, as in an image: nothing of the server's is in it
-            for path in _python_sources():  # after the live dirs: a Python installed below /tmp stays visible
-                argv += ["--ro-bind", source(path), path]
-            argv += ["--remount-ro", "/"]  # the root tmpfs bwrap builds would otherwise belong to the sandbox user
-            argv += ["--chdir", "/workspace", "--clearenv"]
-            env = {"PATH": PATH, "HOME": SANDBOX_HOME, "LANG": "C.UTF-8", "USER": SANDBOX_USER}
-            env.update({k: v for k, v in (spec.env or {}).items() if k != "SANDBOX_API_TOKEN"})
-            for key, value in env.items():
-                argv += ["--setenv", key, value]
-            argv += ["--", sys.executable, "-I", "-B", "-m", "flarebox_supervisor"]
-            argv += ["--listen-fd", str(listener.fileno()), "--workdir", "/workspace"]
+            # source() stages in call order (the launcher's numbering): live dirs first, then Python sources
+            live = LiveDirs(
+                source(self.root_dir / "workspace"), source(self.root_dir / "home"), source(self.root_dir / "tmp")
+            )
+            python_sources = [(source(path), path) for path in _python_sources()]
+            env = {"PATH": PATH, "HOME": SANDBOX_HOME, "LANG": "C.UTF-8", "USER": SANDBOX_USER, **(spec.env or {})}
+            argv = bwrap_argv(
+                bwrap=shutil.which("bwrap") or "/usr/bin/bwrap",
+                uid=self.ids.uid,
+                gid=self.ids.gid,
+                workspace=self.workspace,
+                internet=spec.enable_internet,
+                system_dirs=host_system_dirs(_SYSTEM_DIRS),
+                fds=SandboxFds(passwd=passwd_fd, group=group_fd, seccomp=seccomp_fd, listen=listener.fileno()),
+                network_args=self._net.bwrap_args() if self._net is not None else [],
+                live=live,
+                home=SANDBOX_HOME,
+                python_sources=python_sources,
+                env=env,
+                python=sys.executable,
+            )
 
             if self.cgroups is not None:
                 self._group = self.cgroups.create(self.name, limits_for(spec.instance))
