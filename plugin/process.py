@@ -16,6 +16,7 @@ import threading
 import time
 import uuid
 from collections.abc import Callable
+from dataclasses import dataclass
 
 from .client import ApiError, FlareboxError, TransportError
 
@@ -155,67 +156,62 @@ class RemoteProcess:
         return {**self._request_fields, "request_id": self.request_id, "command": command, "stdin": stdin or None}
 
     def _run(self) -> int | None:
-        offset: int | None = None  # None until the command is known to exist on the server
-        failures = 0
+        attempts = _Attempts()
         busy_deadline = time.monotonic() + BUSY_RETRY_SECONDS
-        request = None
-        sent = False
         while True:
             try:
-                if request is None:
-                    request = self._build_request()
-                    sent = False
-                if offset is None:
-                    sent = True  # from here on the server may have it: only reattach can tell
-                events = self._run_fn(request, offset)
-                for event in events:
-                    kind = event["type"]
-                    if offset is None and kind in ("started", "output", "exit", "error"):
-                        offset = 0
-                    if kind == "started" and self._on_started is not None:
-                        self._on_started(event)
-                    elif kind == "output":
-                        self._write(event["data"].encode("utf-8", "surrogateescape"))
-                        offset = event["offset"] + len(event["data"])
-                        failures = 0
-                    elif kind == "exit":
-                        return event["exit_code"]
-                    elif kind == "error":
-                        return self._on_error_event(event)
-                # The client raises this itself when a stream ends early; other run_fns may just stop.
-                raise TransportError("the stream ended before its terminal event", reason="the stream ended early")
-            except ApiError as exc:
-                if offset is None and exc.code == "workspace_busy" and self._killed_at is not None:
-                    return CANCELLED_EXIT_CODE  # killed while waiting for the workspace: never send it again
-                if offset is None and exc.code == "workspace_busy" and time.monotonic() < busy_deadline:
-                    # Rejected before anything ran: safe to send again under a fresh id.
-                    self.request_id = uuid.uuid4().hex
-                    request = None
-                    time.sleep(0.5)
-                    continue
-                if exc.code == "command_cancelled":
-                    return CANCELLED_EXIT_CODE
-                self._fail(exc.code, f"the Flarebox server refused the command: {exc.code}: {exc.message}")
+                return self._attempt(attempts)
+            except FlareboxError as exc:
+                if isinstance(exc, TransportError):
+                    attempts.failures += 1
+                step = next_step(
+                    Failure(
+                        exc,
+                        started=attempts.offset is not None,
+                        sent=attempts.sent,
+                        request_built=attempts.request is not None,
+                        failures=attempts.failures,
+                        killed=self._killed_at is not None,
+                        busy_retry_left=time.monotonic() < busy_deadline,
+                    )
+                )
+            if step.action == FINISH:
+                return step.exit_code
+            if step.action == GIVE_UP:
+                self._fail(step.error_code, step.message)
                 return None
-            except TransportError as exc:
-                # The stream broke off: reattach by request id from the last offset, so the real outcome is
-                # reported instead of a guess. A command that never reached the server answers 404.
-                failures += 1
-                if offset is None and not exc.connected:
-                    self._fail("transport", f"cannot reach the Flarebox server: {exc.reason}; the command did not run")
-                    return None
-                if failures > REATTACH_ATTEMPTS:
-                    self._fail("transport", f"lost the connection to the Flarebox server: {exc.reason}")
-                    return None
-                if request is None:  # uploading stdin failed; the command was never sent (and no upload is retried)
-                    self._fail("transport", f"could not upload stdin to the Flarebox server: {exc.reason}")
-                    return None
-                if offset is None and sent:
-                    offset = 0  # maybe it started; reattach tells (request_not_found if not)
-                time.sleep(min(0.25 * 2**failures, 2.0))
-            except FlareboxError as exc:  # ProtocolViolation: the server or a proxy broke the protocol
-                self._fail("protocol", f"the Flarebox server broke the protocol: {exc}")
-                return None
+            if step.action == RESEND:
+                self.request_id = uuid.uuid4().hex
+                attempts.request = None
+            elif step.assume_started:
+                attempts.offset = 0
+            time.sleep(step.delay)
+
+    def _attempt(self, attempts: _Attempts) -> int | None:
+        """Send the command (or reattach to it from `attempts.offset`) once and follow its stream: the exit code,
+        or None for an error event (recorded). Raises the client's errors, and TransportError for a stream that
+        stops without a terminal event."""
+        if attempts.request is None:
+            attempts.request = self._build_request()
+            attempts.sent = False
+        if attempts.offset is None:
+            attempts.sent = True  # from here on the server may have it: only reattach can tell
+        for event in self._run_fn(attempts.request, attempts.offset):
+            kind = event["type"]
+            if attempts.offset is None and kind in ("started", "output", "exit", "error"):
+                attempts.offset = 0
+            if kind == "started" and self._on_started is not None:
+                self._on_started(event)
+            elif kind == "output":
+                self._write(event["data"].encode("utf-8", "surrogateescape"))
+                attempts.offset = event["offset"] + len(event["data"])
+                attempts.failures = 0
+            elif kind == "exit":
+                return event["exit_code"]
+            elif kind == "error":
+                return self._on_error_event(event)
+        # The client raises this itself when a stream ends early; other run_fns may just stop.
+        raise TransportError("the stream ended before its terminal event", reason="the stream ended early")
 
     def _on_error_event(self, event: dict) -> int | None:
         code = event["code"]
@@ -245,6 +241,76 @@ class RemoteProcess:
             if self._killed_at is not None and time.monotonic() - self._killed_at > KILLED_WRITE_GRACE:
                 return
             select.select([], [self._write_fd], [], 0.2)
+
+
+@dataclass
+class _Attempts:
+    """What the reader knows about one command across its attempts."""
+
+    request: dict | None = None  # None until built, and again after a busy rejection (resent under a fresh id)
+    offset: int | None = None  # None until the command is known to exist on the server
+    sent: bool = False  # the server may have the command: only a reattach can tell
+    failures: int = 0  # transport failures in a row without new output
+
+
+@dataclass(frozen=True)
+class Failure:
+    """One failed attempt and what was known when it failed: the input of `next_step`."""
+
+    error: FlareboxError
+    started: bool  # an offset is known: reattaching, not sending
+    sent: bool
+    request_built: bool  # False: uploading stdin failed, so the command was never sent
+    failures: int  # transport failures in a row, this one included
+    killed: bool
+    busy_retry_left: bool  # still within BUSY_RETRY_SECONDS of the first attempt
+
+
+RESEND = "resend"  # send again under a fresh request id
+REATTACH = "reattach"  # reattach by request id from the last offset
+FINISH = "finish"  # the command's outcome is known: `exit_code`
+GIVE_UP = "give_up"  # the outcome is unknown or the infrastructure failed: `error_code`, `message`
+
+
+@dataclass(frozen=True)
+class Step:
+    action: str
+    delay: float = 0.0  # before the next attempt
+    exit_code: int | None = None
+    error_code: str | None = None
+    message: str | None = None
+    assume_started: bool = False  # reattach from offset 0: maybe it started (request_not_found if not)
+
+
+def next_step(failure: Failure) -> Step:
+    """What a failed attempt means: send again, reattach, or end with an exit code or an error."""
+    exc = failure.error
+    if isinstance(exc, ApiError):
+        busy = not failure.started and exc.code == "workspace_busy"
+        if busy and failure.killed:
+            return Step(FINISH, exit_code=CANCELLED_EXIT_CODE)  # killed while waiting: never send it again
+        if busy and failure.busy_retry_left:
+            return Step(RESEND, delay=0.5)  # rejected before anything ran: safe to send again
+        if exc.code == "command_cancelled":
+            return Step(FINISH, exit_code=CANCELLED_EXIT_CODE)
+        return _give_up(exc.code, f"the Flarebox server refused the command: {exc.code}: {exc.message}")
+    if isinstance(exc, TransportError):
+        # The stream broke off: reattach by request id from the last offset, so the real outcome is reported
+        # instead of a guess. A command that never reached the server answers 404.
+        if not failure.started and not exc.connected:
+            return _give_up("transport", f"cannot reach the Flarebox server: {exc.reason}; the command did not run")
+        if failure.failures > REATTACH_ATTEMPTS:
+            return _give_up("transport", f"lost the connection to the Flarebox server: {exc.reason}")
+        if not failure.request_built:  # no upload is retried
+            return _give_up("transport", f"could not upload stdin to the Flarebox server: {exc.reason}")
+        delay = min(0.25 * 2**failure.failures, 2.0)
+        return Step(REATTACH, delay=delay, assume_started=not failure.started and failure.sent)
+    # ProtocolViolation: the server or a proxy broke the protocol
+    return _give_up("protocol", f"the Flarebox server broke the protocol: {exc}")
+
+
+def _give_up(code: str, message: str) -> Step:
+    return Step(GIVE_UP, error_code=code, message=message)
 
 
 def _is_strict_utf8(text: str) -> bool:
