@@ -7,13 +7,16 @@ buffers all of it (arrayBuffer) hangs here instead of eating the host's memory.
 
 import json
 import subprocess
+from pathlib import Path
 
 import pytest
-from conftest import NODE, REPO
 
 from protocol.limits import CONTROL_BODY_BYTES
 
 pytestmark = pytest.mark.timeout(120)
+
+REPO = Path(__file__).resolve().parents[2]
+NODE = REPO / "node_modules" / ".bin" / "node"  # as in conftest.py (a module named conftest is ambiguous to import)
 
 SCRIPT = r"""
 const { loadPyodide } = await import(process.argv[3]);  // by path: this script lives outside the repository
