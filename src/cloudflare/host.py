@@ -4,7 +4,6 @@ The object learns which workspace it is from the first call (the Worker names it
 its own SQLite, so an alarm that wakes a fresh instance (after an eviction) still knows.
 """
 
-import json
 import logging
 from typing import Any
 
@@ -74,9 +73,10 @@ class WorkspaceHost:
             workspace = self._workspace_for(js_request.headers.get(wire.WORKSPACE_HEADER))
             raw_args = js_request.headers.get(wire.ARGS_HEADER)
             if not is_null(raw_args):
-                args, body = json.loads(str(raw_args)), js_request.body
+                args, body = wire.decode_args(op, str(raw_args)), js_request.body
             else:
-                args, body = json.loads(await JsRequestBody(js_request.body).read(limits.MAX_BODY_BYTES * 2)), None
+                raw = await JsRequestBody(js_request.body).read(limits.MAX_BODY_BYTES * 2)
+                args, body = wire.decode_args(op, raw), None
             return await workspace.call(op, args, body)
         except ProtocolError as err:
             return Response.error(err)

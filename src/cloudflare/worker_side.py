@@ -80,7 +80,7 @@ class DurableObjectStub:
         self._binding = namespace_binding
         self._stub: Any = None
 
-    async def call(self, op: str, args: dict[str, Any], body: Any = None) -> Response:
+    async def call(self, op: str, args: Any, body: Any = None) -> Response:
         if self._stub is None:
             self._stub = self._binding.getByName(self._key)
         headers = {wire.WORKSPACE_HEADER: self._key}

@@ -10,6 +10,7 @@ from collections.abc import Awaitable
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
+from durable.timefmt import iso_ms
 from protocol.errors import ProtocolError
 from protocol.limits import CONTROL_BODY_BYTES
 
@@ -100,9 +101,15 @@ class StartSpec:
 
 @dataclass(frozen=True)
 class SnapshotInfo:
+    """One snapshot, the same from the container port through the state and retention to the wire."""
+
     id: str
     size: int  # bytes
     created_at_ms: int
+
+    def to_wire(self) -> dict[str, Any]:
+        """The snapshot object of docs/protocol.md."""
+        return {"id": self.id, "created_at": iso_ms(self.created_at_ms), "size": self.size}
 
 
 class ContainerGone(Exception):
@@ -166,7 +173,8 @@ class Container(Protocol):
 class WorkspaceStub(Protocol):
     """The edge's handle on one workspace object (in-process, or a Durable Object stub)."""
 
-    async def call(self, op: str, args: dict[str, Any], body: Any = None) -> Response: ...
+    async def call(self, op: str, args: Any, body: Any = None) -> Response:
+        """Run operation `op` (durable/operations.py) with its typed args; `body` is a stream for file uploads."""
 
 
 class WorkspaceDirectory(Protocol):

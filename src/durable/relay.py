@@ -7,11 +7,13 @@ A client that went away must not break the workspace: after the first failed wri
 import asyncio
 import contextlib
 import logging
+from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
-from durable.ports import Clock, StreamSink
+from durable.ports import NDJSON_TYPE, Clock, ContainerGone, Response, Streams, StreamSink
 from protocol import limits
-from protocol.events import encode_event, heartbeat_event
+from protocol.errors import ProtocolError
+from protocol.events import encode_event, error_event, heartbeat_event
 
 log = logging.getLogger("flarebox.relay")
 
@@ -69,3 +71,40 @@ class EventWriter:
             await self._sink.close()
         except Exception:
             log.debug("closing an exec stream failed", exc_info=True)
+
+
+class InFlight:
+    """Work the idle alarm must not cut, counted while it runs (`with in_flight:`): exec and reattach streams from
+    boot to their last byte, file transfers from boot to the supervisor's answer. Around a command (its boot, the
+    tail of its stream) the supervisor counts no running command, so the workspace counts these itself."""
+
+    def __init__(self) -> None:
+        self.count = 0
+
+    def __enter__(self) -> None:
+        self.count += 1
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.count -= 1
+
+
+def stream_response(streams: Streams, clock: Clock, relay: Callable[[EventWriter], Awaitable[None]]) -> Response:
+    """A streamed NDJSON response whose events `relay` writes in a task that outlives the request."""
+    writer = EventWriter(streams.open(), clock)
+    clock.spawn(relay(writer))
+    return Response(200, writer.readable, {"content-type": NDJSON_TYPE, "cache-control": "no-store"})
+
+
+@contextlib.asynccontextmanager
+async def relaying(writer: EventWriter, in_flight: InFlight, what: str) -> AsyncIterator[None]:
+    """A stream being relayed: in flight while it lasts, and a failure becomes its terminal event."""
+    with in_flight:
+        try:
+            yield
+        except ProtocolError as err:
+            await writer.event(error_event(err.code, err.message))
+        except ContainerGone as gone:
+            await writer.event(error_event("container_exited", str(gone) or None))
+        except Exception:
+            log.exception("%s failed", what)
+            await writer.event(error_event("internal_error"))

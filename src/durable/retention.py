@@ -8,6 +8,8 @@ time passes; it only ages out of the window.
 
 from collections.abc import Iterable
 
+from durable.ports import SnapshotInfo
+
 MINUTE_MS = 60_000
 HOUR_MS = 60 * MINUTE_MS
 DAY_MS = 24 * HOUR_MS
@@ -25,19 +27,24 @@ def _iso_week(created_ms: int) -> int:
     return (day + 3) // 7  # 1970-01-01 was a Thursday: +3 moves week boundaries to Mondays
 
 
-def _newest_per(snapshots: list[tuple[str, int]], key) -> dict[int, tuple[str, int]]:
-    best: dict[int, tuple[str, int]] = {}
+def _age_order(snap: SnapshotInfo) -> tuple[int, str]:
+    """Newer sorts higher; the id breaks a tie, so the choice never depends on the input order."""
+    return snap.created_at_ms, snap.id
+
+
+def _newest_per(snapshots: list[SnapshotInfo], key) -> dict[int, SnapshotInfo]:
+    best: dict[int, SnapshotInfo] = {}
     for snap in snapshots:
-        k = key(snap[1])
+        k = key(snap.created_at_ms)
         if k is None:
             continue
-        if k not in best or snap[1] > best[k][1] or (snap[1] == best[k][1] and snap[0] > best[k][0]):
+        if k not in best or _age_order(snap) > _age_order(best[k]):
             best[k] = snap
     return best
 
 
-def keep(snapshots: Iterable[tuple[str, int]], now_ms: int) -> set[str]:
-    """The ids to keep among (id, created_at_ms) pairs."""
+def keep(snapshots: Iterable[SnapshotInfo], now_ms: int) -> set[str]:
+    """The ids of the snapshots to keep."""
     snaps = list(snapshots)
     if not snaps:
         return set()
@@ -46,17 +53,16 @@ def keep(snapshots: Iterable[tuple[str, int]], now_ms: int) -> set[str]:
     hourly = _newest_per(snaps, lambda t: t // HOUR_MS if now_ms - t < HOURLY_WINDOW_MS else None)
     daily = _newest_per(snaps, lambda t: t // DAY_MS)
     weekly = _newest_per(snaps, _iso_week)
-    kept.update(s[0] for s in fine.values())
-    kept.update(s[0] for s in hourly.values())
-    kept.update(daily[k][0] for k in sorted(daily, reverse=True)[:DAILY_KEEP])
-    kept.update(weekly[k][0] for k in sorted(weekly, reverse=True)[:WEEKLY_KEEP])
-    newest = max(snaps, key=lambda s: (s[1], s[0]))
-    kept.add(newest[0])  # never delete the newest, whatever the clock says
+    kept.update(s.id for s in fine.values())
+    kept.update(s.id for s in hourly.values())
+    kept.update(daily[k].id for k in sorted(daily, reverse=True)[:DAILY_KEEP])
+    kept.update(weekly[k].id for k in sorted(weekly, reverse=True)[:WEEKLY_KEEP])
+    kept.add(max(snaps, key=_age_order).id)  # never delete the newest, whatever the clock says
     return kept
 
 
-def drop(snapshots: Iterable[tuple[str, int]], now_ms: int) -> list[str]:
-    """The ids `keep` does not keep, in the given order."""
+def drop(snapshots: Iterable[SnapshotInfo], now_ms: int) -> list[SnapshotInfo]:
+    """The snapshots `keep` does not keep, in the given order."""
     snaps = list(snapshots)
     kept = keep(snaps, now_ms)
-    return [s[0] for s in snaps if s[0] not in kept]
+    return [s for s in snaps if s.id not in kept]

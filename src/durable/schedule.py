@@ -43,6 +43,25 @@ class Schedule:
         deadlines = self.deadlines()
         return min(deadlines.values()) if deadlines else None
 
+    def push_idle(self, at_ms: int) -> None:
+        """Activity: the idle deadline moves to `at_ms`, and a pending save retry is superseded by it."""
+        self.set_at(IDLE, at_ms)
+        self.clear(RETRY)
+
+    def retry_save(self, now_ms: int) -> None:
+        """After a failed save: the next attempt with backoff; a due periodic checkpoint waits for that one."""
+        self.clear(IDLE, RETRY)
+        at = now_ms + self.next_retry_delay() * 1000
+        self.set_at(RETRY, at)
+        if self.get(CHECKPOINT) is not None:
+            self.set_at(CHECKPOINT, at)
+
+    def postpone_until(self, at_ms: int) -> None:
+        """Move every deadline before `at_ms` to it."""
+        for name, at in self.deadlines().items():
+            if at <= at_ms:
+                self.set_at(name, at_ms)
+
     def next_retry_delay(self) -> int:
         """Seconds until the next save attempt: 30 s, doubling to at most 15 min; reset by a successful save."""
         delay = int(self._store.get("retry_delay", RETRY_FIRST_SECONDS))

@@ -5,23 +5,49 @@ goes back to where it came from (created, or stopped when the workspace booted b
 stored: deleting wipes the record, and a wiped record reads as "no workspace".
 """
 
+from enum import StrEnum
 from typing import Any
 
 from durable.ports import SnapshotInfo
 from durable.store import Store
 from durable.timefmt import iso_ms
 
-STATES = ("created", "starting", "restoring", "running", "saving", "stopped", "lost", "deleted")
 
-TRANSITIONS: dict[str, frozenset[str]] = {
-    "created": frozenset({"starting"}),
-    "starting": frozenset({"running", "created", "stopped"}),
-    "restoring": frozenset({"running", "stopped"}),
+class Lifecycle(StrEnum):
+    """A workspace's lifecycle state. The values are stored in SQLite and appear on the wire (`state`)."""
+
+    CREATED = "created"  # configured, never booted: the first boot starts the image fresh
+    STARTING = "starting"  # a container is starting from the image (or on its surviving disk)
+    RESTORING = "restoring"  # a container is starting from the newest snapshot
+    RUNNING = "running"  # the container is up (or was, until a request or the alarm notices otherwise)
+    SAVING = "saving"  # a snapshot of the running container is being written
+    STOPPED = "stopped"  # no container; a snapshot (or a surviving disk) brings the files back
+    LOST = "lost"  # booted before, with nothing to come back from: every boot answers workspace_lost
+    DELETED = "deleted"  # never stored: a deleted workspace's record is wiped and reads as "no workspace"
+
+
+class BootMode(StrEnum):
+    """What a boot gave the request that waited for it (the `started` event's `container`)."""
+
+    CONTINUING = "continuing"  # the container was already running: processes and files as they were
+    FRESH = "fresh"  # a new container from the image: nothing survived (the first boot)
+    RESTORED = "restored"  # files as of the newest snapshot, no processes
+    RESTARTED = "restarted"  # the sandbox died but its disk survived: all files, no processes (standalone only)
+
+
+STATES = tuple(Lifecycle)
+
+TRANSITIONS: dict[Lifecycle, frozenset[Lifecycle]] = {
+    Lifecycle.CREATED: frozenset({Lifecycle.STARTING}),
+    Lifecycle.STARTING: frozenset({Lifecycle.RUNNING, Lifecycle.CREATED, Lifecycle.STOPPED}),
+    Lifecycle.RESTORING: frozenset({Lifecycle.RUNNING, Lifecycle.STOPPED}),
     # from running: save, a noticed crash (restart / restore / lost), or a stop of a dead container
-    "running": frozenset({"saving", "starting", "restoring", "stopped", "lost"}),
-    "saving": frozenset({"running", "stopped", "lost"}),
-    "stopped": frozenset({"starting", "restoring", "lost"}),
-    "lost": frozenset(),
+    Lifecycle.RUNNING: frozenset(
+        {Lifecycle.SAVING, Lifecycle.STARTING, Lifecycle.RESTORING, Lifecycle.STOPPED, Lifecycle.LOST}
+    ),
+    Lifecycle.SAVING: frozenset({Lifecycle.RUNNING, Lifecycle.STOPPED, Lifecycle.LOST}),
+    Lifecycle.STOPPED: frozenset({Lifecycle.STARTING, Lifecycle.RESTORING, Lifecycle.LOST}),
+    Lifecycle.LOST: frozenset(),
 }
 
 
@@ -29,10 +55,8 @@ class IllegalTransition(RuntimeError):
     """A bug: the workspace logic tried a transition the state machine does not have."""
 
 
-def snapshot_object(info: dict[str, Any] | None) -> dict[str, Any] | None:
-    if info is None:
-        return None
-    return {"id": info["id"], "created_at": iso_ms(info["created_at_ms"]), "size": info["size"]}
+def _snapshot(row: dict[str, Any]) -> SnapshotInfo:
+    return SnapshotInfo(row["id"], row["size"], row["created_at_ms"])
 
 
 class WorkspaceState:
@@ -57,8 +81,9 @@ class WorkspaceState:
         return bool((self.config or {}).get("persistent"))
 
     @property
-    def state(self) -> str | None:
-        return self._store.get("state")
+    def state(self) -> Lifecycle | None:
+        value = self._store.get("state")
+        return None if value is None else Lifecycle(value)
 
     @property
     def booted(self) -> bool:
@@ -66,12 +91,12 @@ class WorkspaceState:
 
     def create(self, config: dict[str, Any], now_ms: int) -> None:
         self._store.put("config", config)
-        self._store.put("state", "created")
+        self._store.put("state", Lifecycle.CREATED)
         self._store.put("booted", False)
         self._store.put("created_at_ms", now_ms)
         self._store.put("last_activity_ms", now_ms)
 
-    def set_state(self, new: str) -> None:
+    def set_state(self, new: Lifecycle) -> None:
         old = self.state
         if new == old:
             return
@@ -98,19 +123,21 @@ class WorkspaceState:
     def remove_snapshot(self, snapshot_id: str) -> None:
         self._store.sql("DELETE FROM snapshots WHERE id = ?", snapshot_id)
 
-    def snapshots(self) -> list[dict[str, Any]]:
+    def snapshots(self) -> list[SnapshotInfo]:
         """Newest first."""
-        return self._store.sql("SELECT id, created_at_ms, size FROM snapshots ORDER BY created_at_ms DESC, id DESC")
+        rows = self._store.sql("SELECT id, created_at_ms, size FROM snapshots ORDER BY created_at_ms DESC, id DESC")
+        return [_snapshot(row) for row in rows]
 
-    def newest_snapshot(self) -> dict[str, Any] | None:
+    def newest_snapshot(self) -> SnapshotInfo | None:
         rows = self._store.sql(
             "SELECT id, created_at_ms, size FROM snapshots ORDER BY created_at_ms DESC, id DESC LIMIT 1"
         )
-        return rows[0] if rows else None
+        return _snapshot(rows[0]) if rows else None
 
     # --- the status object (docs/protocol.md) ---------------------------------------------------------------
 
     def status_object(self, namespace: str, name: str, *, running: bool, busy: bool) -> dict[str, Any]:
+        newest = self.newest_snapshot()
         return {
             "namespace": namespace,
             "workspace": name,
@@ -118,7 +145,7 @@ class WorkspaceState:
             "config": self.config,
             "running": running,
             "busy": busy,
-            "last_snapshot": snapshot_object(self.newest_snapshot()),
+            "last_snapshot": newest.to_wire() if newest is not None else None,
             "created_at": iso_ms(self._store.get("created_at_ms")),
             "last_activity_at": iso_ms(self._store.get("last_activity_ms")),
             "booted": self.booted,

@@ -2,20 +2,22 @@
 
 Runtime-neutral: it talks to its runtime only through the ports (durable/ports.py). Lifecycle operations (boot,
 stop, snapshot, delete, the alarm's save) hold one lock, so they never interleave; concurrent requests that need
-the container share one boot and all see its outcome (`fresh`, `restored`, ...).
+the container share one boot (durable/boot.py) and all see its outcome (`fresh`, `restored`, ...).
 """
 
 import asyncio
 import json
 import logging
-from dataclasses import dataclass
+from collections.abc import Awaitable, Callable
 from typing import Any
 
+from durable import operations as ops
 from durable import retention, supervisor
+from durable.boot import BootOutcome, Listener, SharedBoot
+from durable.launches import Launches
 from durable.ledger import CANCEL, EXEC, Ledger
 from durable.ports import (
     JSON_TYPE,
-    NDJSON_TYPE,
     Alarm,
     Clock,
     Container,
@@ -26,25 +28,18 @@ from durable.ports import (
     Storage,
     Streams,
 )
-from durable.relay import EventWriter
+from durable.relay import EventWriter, InFlight, relaying, stream_response
 from durable.schedule import CHECKPOINT, IDLE, RETRY, RETRY_FIRST_SECONDS, Schedule
 from durable.settings import Settings
-from durable.state import WorkspaceState, snapshot_object
+from durable.state import BootMode, Lifecycle, WorkspaceState
 from durable.store import Store
 from protocol.errors import ProtocolError
 from protocol.events import error_event, started_event, status_event
-from protocol.validate import parse_exec_request
+from protocol.validate import ExecRequest
 
 log = logging.getLogger("flarebox.workspace")
 
-_STREAM_HEADERS = {"content-type": NDJSON_TYPE, "cache-control": "no-store"}
 _PASS_HEADERS = ("content-type", "content-length")
-
-
-@dataclass(frozen=True)
-class Boot:
-    container: str  # continuing | fresh | restored | restarted
-    snapshot: dict | None = None  # the snapshot object a `restored` container came from
 
 
 class Workspace:
@@ -73,30 +68,38 @@ class Workspace:
         self.ledger = Ledger(store)
         self.schedule = Schedule(store)
         self._lifecycle = asyncio.Lock()
-        self._boot: asyncio.Future | None = None
-        self._boot_phase: dict | None = None  # the current status event, replayed to requests that join late
-        self._listeners: list = []
-        self._launching: dict[str, bool] = {}  # exec ids not yet handed to the supervisor -> cancel requested
-        # exec and reattach streams being relayed now (from boot to their last byte): each is activity the idle
-        # alarm must not cut — between an exec's boot and its hand-over, and between a command's end and the last
-        # bytes of its stream, the supervisor counts no running command
-        self._relays = 0
-        self._transfers = 0  # file uploads/downloads between their boot and the supervisor's answer: activity too
+        self._boot = SharedBoot()
+        self._launches = Launches()
+        self._in_flight = InFlight()
+        self.handlers: dict[ops.Operation, Callable[[Any, Any], Awaitable[Response]]] = {
+            ops.GET: self._op_get,
+            ops.PUT_CONFIG: self._op_put_config,
+            ops.DELETE: self._op_delete,
+            ops.EXEC: self._op_exec,
+            ops.REATTACH: self._op_reattach,
+            ops.CANCEL: self._op_cancel,
+            ops.READ_FILE: self._op_read_file,
+            ops.WRITE_FILE: self._op_write_file,
+            ops.SNAPSHOT: self._op_snapshot,
+            ops.SNAPSHOTS: self._op_snapshots,
+            ops.STOP: self._op_stop,
+        }
         self._settle_stale_state()
 
     def _settle_stale_state(self) -> None:
         """A new object has nothing in flight, so a stored transitional state is left over from a runtime that
         stopped mid-operation: fall back to the state the operation started from."""
         state = self.state.state
-        if state in ("starting", "restoring"):
-            self.state.set_state("stopped" if self.state.booted else "created")
-        elif state == "saving":
-            self.state.set_state("running")  # the next request notices if the container is gone
+        if state in (Lifecycle.STARTING, Lifecycle.RESTORING):
+            self.state.set_state(Lifecycle.STOPPED if self.state.booted else Lifecycle.CREATED)
+        elif state == Lifecycle.SAVING:
+            self.state.set_state(Lifecycle.RUNNING)  # the next request notices if the container is gone
 
     # --- dispatch ------------------------------------------------------------------------------------------
 
-    async def call(self, op: str, args: dict[str, Any], body: Any = None) -> Response:
-        handler = getattr(self, f"_op_{op}", None)
+    async def call(self, op: str, args: Any, body: Any = None) -> Response:
+        """Run operation `op` with its typed arguments (durable/operations.py)."""
+        handler = self.handlers.get(ops.OPERATIONS.get(op))
         if handler is None:
             return Response.error(ProtocolError("not_found"))
         try:
@@ -115,7 +118,7 @@ class Workspace:
         return self.state
 
     def _container_up(self) -> bool:
-        return self.state.state in ("running", "saving") and self.container.running()
+        return self.state.state in (Lifecycle.RUNNING, Lifecycle.SAVING) and self.container.running()
 
     async def _touch(self) -> None:
         """Activity: push the idle deadline. A new request also supersedes a pending save retry (the next idle
@@ -124,8 +127,7 @@ class Workspace:
             return
         now = self.clock.now_ms()
         self.state.touch(now)
-        self.schedule.set_at(IDLE, now + self.settings.idle_seconds * 1000)
-        self.schedule.clear(RETRY)
+        self.schedule.push_idle(now + self.settings.idle_seconds * 1000)
         await self.schedule.arm(self.alarm_port)
 
     async def _status(self, http_status: int = 200) -> Response:
@@ -137,8 +139,8 @@ class Workspace:
 
     # --- config and status ---------------------------------------------------------------------------------
 
-    async def _op_put_config(self, args: dict, body: Any) -> Response:
-        config = args["config"]
+    async def _op_put_config(self, args: ops.PutConfigArgs, body: Any) -> Response:
+        config = args.config.to_json()
         if not self.state.exists:
             self.state.create(config, self.clock.now_ms())
             return await self._status(201)
@@ -146,95 +148,78 @@ class Workspace:
             raise ProtocolError("config_conflict", f"the workspace exists with config {json.dumps(self.state.config)}")
         return await self._status(200)
 
-    async def _op_get(self, args: dict, body: Any) -> Response:
+    async def _op_get(self, args: ops.NoArgs, body: Any) -> Response:
         self._require()
         return await self._status()
 
-    async def _op_snapshots(self, args: dict, body: Any) -> Response:
+    async def _op_snapshots(self, args: ops.NoArgs, body: Any) -> Response:
         state = self._require()
-        return Response.json(200, {"snapshots": [snapshot_object(s) for s in state.snapshots()]})
+        return Response.json(200, {"snapshots": [s.to_wire() for s in state.snapshots()]})
 
     # --- boot ----------------------------------------------------------------------------------------------
 
-    async def _ensure_running(self, listener=None) -> Boot:
-        """Make the container run, sharing one boot between concurrent callers. `listener` receives the boot's
-        status events (an async callable)."""
-        if self._boot is None or self._boot.done():
-            if self._container_up() and self.state.state == "running" and not self._lifecycle.locked():
-                return Boot("continuing")
-            self._boot = asyncio.ensure_future(self._boot_once())
-            self._boot.add_done_callback(lambda f: f.cancelled() or f.exception())  # always retrieved
-        boot = self._boot
-        if listener is not None:
-            self._listeners.append(listener)
-            if self._boot_phase is not None:
-                await listener(self._boot_phase)
-        try:
-            return await asyncio.shield(boot)
-        finally:
-            if listener is not None and listener in self._listeners:
-                self._listeners.remove(listener)
+    async def _ensure_running(self, listener: Listener | None = None) -> BootOutcome:
+        """Make the container run, sharing one boot between concurrent callers; `listener` gets its status events."""
+        if not self._boot.in_progress:
+            if self._container_up() and self.state.state == Lifecycle.RUNNING and not self._lifecycle.locked():
+                return BootOutcome(BootMode.CONTINUING)
+            self._boot.start(self._boot_once)
+        return await self._boot.join(listener)
 
-    async def _emit(self, event: dict) -> None:
-        self._boot_phase = event
-        for listener in list(self._listeners):
-            await listener(event)
-
-    async def _boot_once(self) -> Boot:
+    async def _boot_once(self) -> BootOutcome:
         async with self._lifecycle:
-            try:
-                return await self._boot_locked()
-            finally:
-                self._boot_phase = None
+            return await self._boot_locked()
 
-    async def _boot_locked(self) -> Boot:
+    async def _boot_locked(self) -> BootOutcome:
         state = self._require()
         config = state.config
-        if state.state == "running" and self.container.running():
-            return Boot("continuing")
+        if state.state == Lifecycle.RUNNING and self.container.running():
+            return BootOutcome(BootMode.CONTINUING)
         snapshot = None
         if not state.booted:
-            mode, phase, message = "fresh", "starting", "starting a new container"
+            mode, phase, message = BootMode.FRESH, Lifecycle.STARTING, "starting a new container"
         elif self.container.has_disk():
-            mode, phase, message = "restarted", "starting", "restarting the container on its surviving disk"
+            mode, phase = BootMode.RESTARTED, Lifecycle.STARTING
+            message = "restarting the container on its surviving disk"
         else:
             snapshot = state.newest_snapshot()
             if snapshot is None:
-                state.set_state("lost")
+                state.set_state(Lifecycle.LOST)
                 self.schedule.clear_all()
                 await self.schedule.arm(self.alarm_port)
                 raise ProtocolError("workspace_lost")
-            mode, phase, message = "restored", "restoring", f"restoring snapshot {snapshot['id']}"
-        fallback = "stopped" if state.booted else "created"
-        if state.state == "running":  # a crash noticed now: the state machine passes through stopped
-            state.set_state("stopped")
+            mode, phase, message = BootMode.RESTORED, Lifecycle.RESTORING, f"restoring snapshot {snapshot.id}"
+        fallback = Lifecycle.STOPPED if state.booted else Lifecycle.CREATED
+        if state.state == Lifecycle.RUNNING:  # a crash noticed now: the state machine passes through stopped
+            state.set_state(Lifecycle.STOPPED)
         state.set_state(phase)
-        await self._emit(status_event(phase, message))
+        await self._boot.emit(status_event(phase, message))
         spec = StartSpec(
             image=config["image"],
             instance=config["instance"] or self.settings.default_instance_type,
             env={},  # nothing secret ever enters the container
             enable_internet=self.settings.enable_internet,
-            snapshot_id=snapshot["id"] if snapshot else None,
+            snapshot_id=snapshot.id if snapshot else None,
         )
         try:
             await self.container.start(spec)
             await supervisor.wait_ready(self.container, self.clock)
-            if mode == "fresh":
+            if mode == BootMode.FRESH:
                 await supervisor.make_dir(self.container, config["cwd"])
         except BaseException as exc:
             if state.state == phase:
                 state.set_state(fallback)
-            if mode != "restarted" and not (isinstance(exc, ProtocolError) and exc.code == "snapshot_damaged"):
+            damaged = isinstance(exc, ProtocolError) and exc.code == "snapshot_damaged"
+            if mode != BootMode.RESTARTED and not damaged:
                 await self._destroy_quietly()  # a half-started container must not linger
             raise
         state.mark_booted()
-        state.set_state("running")
+        state.set_state(Lifecycle.RUNNING)
         if state.persistent and self.settings.snapshot_interval_seconds > 0:
             self.schedule.set_at(CHECKPOINT, self.clock.now_ms() + self.settings.snapshot_interval_seconds * 1000)
             await self.schedule.arm(self.alarm_port)
-        await self._emit(status_event("ready"))
-        return Boot(mode, snapshot_object(snapshot))
+        await self._boot.emit(status_event("ready"))
+        return BootOutcome(mode, snapshot)
 
     async def _destroy_quietly(self) -> None:
         try:
@@ -244,113 +229,96 @@ class Workspace:
 
     # --- exec, reattach, cancel ----------------------------------------------------------------------------
 
-    async def _op_exec(self, args: dict, body: Any) -> Response:
-        self._require()
-        request = parse_exec_request(args["request"])
-        rid = request.request_id
-        seen = self.ledger.lookup(rid)
-        if seen == EXEC:
-            raise ProtocolError("duplicate_request")
-        self.ledger.record_exec(rid)
-        writer = EventWriter(self.streams.open(), self.clock)
-        response = Response(200, writer.readable, dict(_STREAM_HEADERS))
-        if seen == CANCEL:
-            self.clock.spawn(self._finish(writer, error_event("command_cancelled")))
-            return response
-        self._launching[rid] = False
-        try:
-            await self._touch()
-        except Exception:  # the id is recorded: from here on the command must run, idle push or not
-            log.warning("idle push before exec %s failed", rid, exc_info=True)
-        self.clock.spawn(self._run_exec(writer, request.to_json()))
-        return response
+    def _stream(self, relay: Callable[[EventWriter], Awaitable[None]]) -> Response:
+        return stream_response(self.streams, self.clock, relay)
 
     async def _finish(self, writer: EventWriter, event: dict) -> None:
         await writer.event(event)
         await writer.close()
 
-    async def _run_exec(self, writer: EventWriter, request: dict) -> None:
-        rid = request["request_id"]
-        self._relays += 1
+    async def _op_exec(self, args: ops.ExecArgs, body: Any) -> Response:
+        self._require()
+        request = args.request  # validated at the edge (and again by the supervisor)
+        rid = request.request_id
+        seen = self.ledger.lookup(rid)
+        if seen == EXEC:
+            raise ProtocolError("duplicate_request")
+        self.ledger.record_exec(rid)
+        if seen == CANCEL:
+            return self._stream(lambda writer: self._finish(writer, error_event("command_cancelled")))
+        self._launches.begin(rid)
         try:
-            writer.start_heartbeat()
-            try:
-                boot = await self._ensure_running(writer.event)
-            finally:
-                await writer.stop_heartbeat()
-            if self._launching.get(rid):
-                raise ProtocolError("command_cancelled")
-            await writer.event(started_event(rid, boot.container, boot.snapshot))
-            if request.get("cwd") is None:
-                request = {**request, "cwd": self.state.config["cwd"]}
-            resp = await self.container.fetch(
-                "POST", "/exec", body=json.dumps(request).encode(), headers={"content-type": JSON_TYPE}
-            )
-            self._launching.pop(rid, None)
-            if resp.status != 200:
-                raise await supervisor.error_of(resp)
-            await writer.pipe(resp.body)
-        except ProtocolError as err:
-            await writer.event(error_event(err.code, err.message))
-        except ContainerGone as gone:
-            await writer.event(error_event("container_exited", str(gone) or None))
-        except Exception:
-            log.exception("exec %s on %s/%s failed", rid, self.namespace, self.name)
-            await writer.event(error_event("internal_error"))
+            await self._touch()
+        except Exception:  # the id is recorded: from here on the command must run, idle push or not
+            log.warning("idle push before exec %s failed", rid, exc_info=True)
+        return self._stream(lambda writer: self._run_exec(writer, request))
+
+    async def _run_exec(self, writer: EventWriter, request: ExecRequest) -> None:
+        rid = request.request_id
+        try:
+            async with relaying(writer, self._in_flight, f"exec {rid} on {self.namespace}/{self.name}"):
+                await self._launch(writer, request)
         finally:
-            self._relays -= 1
-            self._launching.pop(rid, None)
+            self._launches.hand_over(rid)
             await writer.close()
             try:
                 await self._touch()  # the end of a command is activity too
             except Exception:  # the workspace may have been deleted (and its storage closed) meanwhile
                 log.debug("no idle push after exec %s", rid, exc_info=True)
 
-    async def _op_reattach(self, args: dict, body: Any) -> Response:
+    async def _launch(self, writer: EventWriter, request: ExecRequest) -> None:
+        """Boot if needed, hand the request to the supervisor, relay its stream."""
+        rid = request.request_id
+        writer.start_heartbeat()
+        try:
+            boot = await self._ensure_running(writer.event)
+        finally:
+            await writer.stop_heartbeat()
+        if self._launches.cancelled(rid):
+            raise ProtocolError("command_cancelled")
+        snapshot = boot.snapshot.to_wire() if boot.snapshot is not None else None
+        await writer.event(started_event(rid, boot.container, snapshot))
+        payload = {**request.to_json(), "cwd": request.cwd or self.state.config["cwd"]}
+        resp = await self.container.fetch(
+            "POST", "/exec", body=json.dumps(payload).encode(), headers={"content-type": JSON_TYPE}
+        )
+        self._launches.hand_over(rid)
+        if resp.status != 200:
+            raise await supervisor.error_of(resp)
+        await writer.pipe(resp.body)
+
+    async def _op_reattach(self, args: ops.ReattachArgs, body: Any) -> Response:
         self._require()
-        rid, offset = args["request_id"], int(args.get("offset", 0))
-        # an exec still booting has not reached the supervisor yet; wait for the hand-over
-        waited = 0.0
-        while rid in self._launching and waited < supervisor.STARTUP_BUDGET_SECONDS + 5:
-            await self.clock.sleep(0.05)
-            waited += 0.05
+        rid = args.request_id
+        # an exec still booting has not reached the supervisor yet
+        await self._launches.wait_handed_over(rid, self.clock)
         await self._touch()
         if self._container_up():
             try:
-                resp = await self.container.fetch("GET", f"/exec/{rid}?{supervisor.query(offset=offset)}")
+                resp = await self.container.fetch("GET", f"/exec/{rid}?{supervisor.query(offset=args.offset)}")
             except ContainerGone:
                 resp = None
             if resp is not None:
                 if resp.status != 200:
                     raise await supervisor.error_of(resp, fallback="request_not_found")
-                writer = EventWriter(self.streams.open(), self.clock)
-                self.clock.spawn(self._pipe(writer, resp.body))
-                return Response(200, writer.readable, dict(_STREAM_HEADERS))
+                return self._stream(lambda writer: self._pipe(writer, resp.body))
         if self.ledger.lookup(rid) == EXEC:
-            writer = EventWriter(self.streams.open(), self.clock)
             message = "the container stopped; the command's outcome is unknown"
-            self.clock.spawn(self._finish(writer, error_event("container_exited", message)))
-            return Response(200, writer.readable, dict(_STREAM_HEADERS))
+            return self._stream(lambda writer: self._finish(writer, error_event("container_exited", message)))
         raise ProtocolError("request_not_found")
 
     async def _pipe(self, writer: EventWriter, body: Any) -> None:
-        self._relays += 1
         try:
-            await writer.pipe(body)
-        except ContainerGone as gone:
-            await writer.event(error_event("container_exited", str(gone) or None))
-        except Exception:
-            log.exception("reattach relay on %s/%s failed", self.namespace, self.name)
-            await writer.event(error_event("internal_error"))
+            async with relaying(writer, self._in_flight, f"reattach relay on {self.namespace}/{self.name}"):
+                await writer.pipe(body)
         finally:
-            self._relays -= 1
             await writer.close()
 
-    async def _op_cancel(self, args: dict, body: Any) -> Response:
+    async def _op_cancel(self, args: ops.CancelArgs, body: Any) -> Response:
         self._require()
-        rid = args["request_id"]
-        if rid in self._launching:
-            self._launching[rid] = True  # checked before the exec is handed to the supervisor
+        rid = args.request_id
+        if rid in self._launches:
+            self._launches.cancel(rid)  # checked before the exec is handed to the supervisor
             await self._forward_cancel(rid)  # and in case the hand-over is under way right now
             state = "cancelled"
         elif self.ledger.lookup(rid) == EXEC:
@@ -382,30 +350,22 @@ class Workspace:
 
     # --- files ---------------------------------------------------------------------------------------------
 
-    async def _op_read_file(self, args: dict, body: Any) -> Response:
-        self._require()
-        self._transfers += 1
-        try:
-            await self._ensure_running()
-            await self._touch()
-            q = supervisor.query(path=args["path"], max_bytes=self.settings.max_file_read_bytes)
-            resp = await self.container.fetch("GET", f"/files?{q}")
-        finally:
-            self._transfers -= 1
-        return Response(resp.status, resp.body, {k: v for k, v in resp.headers.items() if k.lower() in _PASS_HEADERS})
+    async def _op_read_file(self, args: ops.ReadFileArgs, body: Any) -> Response:
+        q = supervisor.query(path=args.path, max_bytes=self.settings.max_file_read_bytes)
+        return await self._transfer("GET", q)
 
-    async def _op_write_file(self, args: dict, body: Any) -> Response:
+    async def _op_write_file(self, args: ops.WriteFileArgs, body: Any) -> Response:
+        q = supervisor.query(path=args.path, mode=f"{args.mode:04o}", max_bytes=self.settings.max_file_write_bytes)
+        headers = {"content-length": str(args.length), "content-type": "application/octet-stream"}
+        return await self._transfer("PUT", q, body=body, headers=headers)
+
+    async def _transfer(self, method: str, query: str, **fetch: Any) -> Response:
+        """The supervisor's answer (the file, or its error) passed through: status, body stream, describing headers."""
         self._require()
-        self._transfers += 1  # an upload slower than IDLE_SECONDS must not have its container stopped under it
-        try:
+        with self._in_flight:  # a transfer slower than IDLE_SECONDS must not have its container stopped under it
             await self._ensure_running()
             await self._touch()
-            mode = args.get("mode", 0o644)
-            q = supervisor.query(path=args["path"], mode=f"{mode:04o}", max_bytes=self.settings.max_file_write_bytes)
-            headers = {"content-length": str(args["length"]), "content-type": "application/octet-stream"}
-            resp = await self.container.fetch("PUT", f"/files?{q}", body=body, headers=headers)
-        finally:
-            self._transfers -= 1
+            resp = await self.container.fetch(method, f"/files?{query}", **fetch)
         return Response(resp.status, resp.body, {k: v for k, v in resp.headers.items() if k.lower() in _PASS_HEADERS})
 
     # --- snapshots, stop, delete ---------------------------------------------------------------------------
@@ -413,11 +373,11 @@ class Workspace:
     async def _checkpoint(self) -> SnapshotInfo:
         """A snapshot that keeps the container running (POST …/snapshot, periodic checkpoints): `saving` while
         it is written. Caller holds the lifecycle lock."""
-        self.state.set_state("saving")
+        self.state.set_state(Lifecycle.SAVING)
         try:
             return await self._take_snapshot()
         finally:
-            self.state.set_state("running")
+            self.state.set_state(Lifecycle.RUNNING)
 
     async def _take_snapshot(self) -> SnapshotInfo:
         """Snapshot the running container, record it and apply retention. Caller holds the lifecycle lock."""
@@ -428,52 +388,47 @@ class Workspace:
         return info
 
     async def _apply_retention(self) -> None:
-        snaps = [(s["id"], s["created_at_ms"]) for s in self.state.snapshots()]
-        for snapshot_id in retention.drop(snaps, self.clock.now_ms()):
+        for snap in retention.drop(self.state.snapshots(), self.clock.now_ms()):
             try:
-                await self.container.delete_snapshot(snapshot_id)
+                await self.container.delete_snapshot(snap.id)
             except Exception:
-                log.warning("dropping snapshot %s failed; kept for now", snapshot_id, exc_info=True)
+                log.warning("dropping snapshot %s failed; kept for now", snap.id, exc_info=True)
                 continue
-            self.state.remove_snapshot(snapshot_id)
+            self.state.remove_snapshot(snap.id)
 
-    async def _op_snapshot(self, args: dict, body: Any) -> Response:
+    async def _op_snapshot(self, args: ops.NoArgs, body: Any) -> Response:
         state = self._require()
         if not state.persistent:
             raise ProtocolError("not_persistent")
         if not self._container_up():
             newest = state.newest_snapshot()
             if newest is not None and not self.container.has_disk():
-                return Response.json(200, snapshot_object(newest))  # nothing changed since it was taken
+                return Response.json(200, newest.to_wire())  # nothing changed since it was taken
             await self._ensure_running()
         async with self._lifecycle:
             if not self._container_up():
                 raise ProtocolError("container_exited")
             info = await self._checkpoint()
-        return Response.json(200, snapshot_object(self._info_dict(info)))
+        return Response.json(200, info.to_wire())
 
-    @staticmethod
-    def _info_dict(info: SnapshotInfo) -> dict:
-        return {"id": info.id, "created_at_ms": info.created_at_ms, "size": info.size}
-
-    def _resting_state(self) -> str:
+    def _resting_state(self) -> Lifecycle:
         """Where a workspace whose container is gone rests: stopped if it can come back, else lost."""
         if self.state.newest_snapshot() is not None or self.container.has_disk():
-            return "stopped"
-        return "lost"
+            return Lifecycle.STOPPED
+        return Lifecycle.LOST
 
     async def _save_and_stop(self) -> None:
         """Persistent workspaces: snapshot, then destroy. On a failed snapshot the container keeps running and
         the error propagates. Caller holds the lifecycle lock."""
         state = self.state
-        state.set_state("saving")
+        state.set_state(Lifecycle.SAVING)
         try:
             await self._take_snapshot()
         except BaseException:
-            state.set_state("running")
+            state.set_state(Lifecycle.RUNNING)
             raise
         await self._destroy_quietly()  # the snapshot is recorded: from here on the workspace is stopped
-        state.set_state("stopped")
+        state.set_state(Lifecycle.STOPPED)
         self.schedule.clear_all()
         self.schedule.reset_retry()
         await self.schedule.arm(self.alarm_port)
@@ -483,14 +438,14 @@ class Workspace:
         await self._destroy_quietly()
         for snap in self.state.snapshots():
             try:
-                await self.container.delete_snapshot(snap["id"])
+                await self.container.delete_snapshot(snap.id)
             except Exception:
-                log.warning("deleting snapshot %s failed", snap["id"], exc_info=True)
+                log.warning("deleting snapshot %s failed", snap.id, exc_info=True)
         self._store.wipe()
         await self.alarm_port.clear()
-        self._launching.clear()
+        self._launches.clear()
 
-    async def _op_stop(self, args: dict, body: Any) -> Response:
+    async def _op_stop(self, args: ops.NoArgs, body: Any) -> Response:
         state = self._require()
         async with self._lifecycle:
             if not state.persistent:
@@ -498,13 +453,13 @@ class Workspace:
                 return Response.json(200, {"deleted": True})
             if self._container_up():
                 await self._save_and_stop()
-            elif state.state in ("running", "saving"):
+            elif state.state in (Lifecycle.RUNNING, Lifecycle.SAVING):
                 state.set_state(self._resting_state())
                 self.schedule.clear_all()
                 await self.schedule.arm(self.alarm_port)
         return await self._status()
 
-    async def _op_delete(self, args: dict, body: Any) -> Response:
+    async def _op_delete(self, args: ops.NoArgs, body: Any) -> Response:
         self._require()
         async with self._lifecycle:
             await self._forget()
@@ -527,20 +482,17 @@ class Workspace:
                 # the alarm re-arms below; a state left mid-save goes back to running (the container was not
                 # destroyed before the snapshot was recorded)
                 log.exception("alarm of %s/%s failed", self.namespace, self.name)
-                if self.state.state == "saving":
-                    self.state.set_state("running")
+                if self.state.state == Lifecycle.SAVING:
+                    self.state.set_state(Lifecycle.RUNNING)
                 # never leave a past deadline behind: the alarm would fire again at once, forever
-                later = self.clock.now_ms() + RETRY_FIRST_SECONDS * 1000
-                for name, at in self.schedule.deadlines().items():
-                    if at <= later:
-                        self.schedule.set_at(name, later)
+                self.schedule.postpone_until(self.clock.now_ms() + RETRY_FIRST_SECONDS * 1000)
             finally:
                 if self.state.exists:
                     await self.schedule.arm(self.alarm_port)
 
     async def _on_due(self, due: set[str], now: int) -> None:
         state = self.state
-        if state.state != "running":
+        if state.state != Lifecycle.RUNNING:
             self.schedule.clear_all()  # nothing runs, nothing to save
             return
         if not self.container.running():
@@ -552,12 +504,11 @@ class Workspace:
                 await self._forget()
             return
         if due & {IDLE, RETRY}:
-            if not (self._relays or self._transfers) and await supervisor.running_commands(self.container) == 0:
+            if not self._in_flight.count and await supervisor.running_commands(self.container) == 0:
                 await self._idle_end()
                 return
             # a command is still running (or a stream still relayed): it keeps the workspace awake
-            self.schedule.clear(RETRY)
-            self.schedule.set_at(IDLE, now + self.settings.idle_seconds * 1000)
+            self.schedule.push_idle(now + self.settings.idle_seconds * 1000)
         if CHECKPOINT in due:
             try:
                 await self._checkpoint()
@@ -576,12 +527,8 @@ class Workspace:
             await self._save_and_stop()
         except Exception as exc:  # any failed save: keep running, retry with backoff
             log.warning("saving %s/%s failed: %s", self.namespace, self.name, exc)
-            self.schedule.clear(IDLE, RETRY)
             if self.container.running():
-                delay_ms = self.schedule.next_retry_delay() * 1000
-                self.schedule.set_at(RETRY, self.clock.now_ms() + delay_ms)
-                if self.schedule.get(CHECKPOINT) is not None:  # the retry is the next snapshot attempt
-                    self.schedule.set_at(CHECKPOINT, self.clock.now_ms() + delay_ms)
+                self.schedule.retry_save(self.clock.now_ms())
             else:
                 state.set_state(self._resting_state())
                 self.schedule.clear_all()

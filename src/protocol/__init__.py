@@ -20,7 +20,6 @@ from protocol.events import (
 from protocol.limits import *  # noqa: F403 - the limits are the module's public surface
 from protocol.validate import (
     ExecRequest,
-    FileWriteParams,
     WorkspaceConfig,
     parse_exec_request,
     parse_json_object,
@@ -51,7 +50,6 @@ __all__ = [
     "started_event",
     "status_event",
     "ExecRequest",
-    "FileWriteParams",
     "WorkspaceConfig",
     "parse_exec_request",
     "parse_json_object",

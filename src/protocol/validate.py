@@ -186,12 +186,6 @@ def parse_workspace_config(obj: dict) -> WorkspaceConfig:
     return WorkspaceConfig(image, instance, persistent, cwd)
 
 
-@dataclass(frozen=True)
-class FileWriteParams:
-    path: str
-    mode: int = 0o644
-
-
 def parse_file_mode(value: str | None) -> int:
     if value is None:
         return 0o644

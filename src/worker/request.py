@@ -12,6 +12,3 @@ class EdgeRequest:
     query: str = ""  # raw query string, without the `?`
     headers: dict[str, str] = field(default_factory=dict)  # lower-case names
     body: RequestBody | None = None
-
-    def header(self, name: str) -> str | None:
-        return self.headers.get(name)

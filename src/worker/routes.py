@@ -4,27 +4,52 @@ Matching works on the raw, percent-encoded path: a name containing `%` is report
 decoded into something else. Unknown shapes are 404 not_found; a known shape with another method is 405.
 """
 
+from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass
+from typing import Any
 
+from durable import operations as ops
+from durable.settings import Settings
 from protocol.errors import ProtocolError
 from protocol.validate import validate_name, validate_request_id
+from worker import prepare
+from worker.request import EdgeRequest
 
-# Workspace sub-routes: segments after /v1/workspaces/{ns}/{ws}, with `{id}` for a request id → {method: op}.
-_WORKSPACE_ROUTES: dict[tuple[str, ...], dict[str, str]] = {
-    (): {"GET": "get", "PUT": "put_config", "DELETE": "delete"},
-    ("exec",): {"POST": "exec"},
-    ("exec", "{id}"): {"GET": "reattach"},
-    ("exec", "{id}", "cancel"): {"POST": "cancel"},
-    ("files",): {"GET": "read_file", "PUT": "write_file"},
-    ("snapshot",): {"POST": "snapshot"},
-    ("snapshots",): {"GET": "snapshots"},
-    ("stop",): {"POST": "stop"},
+# (request, the path's request id or None, settings) -> the operation's typed arguments
+Prepare = Callable[[EdgeRequest, str | None, Settings], Awaitable[Any]]
+
+
+@dataclass(frozen=True)
+class Endpoint:
+    """One method of one workspace route: the operation it calls and how its arguments are prepared."""
+
+    operation: ops.Operation
+    prepare: Prepare
+
+
+# Workspace sub-routes: segments after /v1/workspaces/{ns}/{ws}, with `{id}` for a request id → {method: endpoint}.
+WORKSPACE_ROUTES: dict[tuple[str, ...], dict[str, Endpoint]] = {
+    (): {
+        "GET": Endpoint(ops.GET, prepare.no_args),
+        "PUT": Endpoint(ops.PUT_CONFIG, prepare.put_config),
+        "DELETE": Endpoint(ops.DELETE, prepare.delete),
+    },
+    ("exec",): {"POST": Endpoint(ops.EXEC, prepare.exec_)},
+    ("exec", "{id}"): {"GET": Endpoint(ops.REATTACH, prepare.reattach)},
+    ("exec", "{id}", "cancel"): {"POST": Endpoint(ops.CANCEL, prepare.cancel)},
+    ("files",): {
+        "GET": Endpoint(ops.READ_FILE, prepare.read_file),
+        "PUT": Endpoint(ops.WRITE_FILE, prepare.write_file),
+    },
+    ("snapshot",): {"POST": Endpoint(ops.SNAPSHOT, prepare.no_args)},
+    ("snapshots",): {"GET": Endpoint(ops.SNAPSHOTS, prepare.no_args)},
+    ("stop",): {"POST": Endpoint(ops.STOP, prepare.no_args)},
 }
 
 
 @dataclass(frozen=True)
 class Route:
-    op: str  # "health" or a workspace op
+    endpoint: Endpoint | None  # None: GET /v1/health, answered by the edge itself
     namespace: str | None = None
     workspace: str | None = None
     request_id: str | None = None
@@ -33,7 +58,7 @@ class Route:
 class MethodNotAllowed(ProtocolError):
     """405 carrying the route's methods, for the Allow header."""
 
-    def __init__(self, methods: dict[str, str]):
+    def __init__(self, methods: Iterable[str]):
         self.allow = ", ".join(sorted(methods))
         super().__init__("method_not_allowed", f"allowed methods: {self.allow}")
 
@@ -53,15 +78,15 @@ def match(method: str, path: str) -> Route:
     parts = parts[1:]
     if parts == ["health"]:
         if method != "GET":
-            raise MethodNotAllowed({"GET": "health"})
-        return Route("health")
+            raise MethodNotAllowed(["GET"])
+        return Route(None)
     if len(parts) < 3 or parts[0] != "workspaces":
         raise ProtocolError("not_found")
     ns, ws, rest = parts[1], parts[2], parts[3:]
-    template = next((t for t in _WORKSPACE_ROUTES if _shape_matches(t, rest)), None)
+    template = next((t for t in WORKSPACE_ROUTES if _shape_matches(t, rest)), None)
     if template is None:
         raise ProtocolError("not_found")
-    methods = _WORKSPACE_ROUTES[template]
+    methods = WORKSPACE_ROUTES[template]
     if method not in methods:
         raise MethodNotAllowed(methods)
     validate_name(ns, "namespace")

@@ -1,6 +1,7 @@
 """Small in-test doubles for the edge's ports (test doubles, not runtimes: the real adapters are tested
 end-to-end by the standalone and Cloudflare suites)."""
 
+from durable import operations
 from durable.ports import Response
 from protocol.errors import ProtocolError
 
@@ -30,7 +31,8 @@ class Stub:
         self.directory, self.ns, self.ws = directory, ns, ws
 
     async def call(self, op, args, body=None):
-        self.directory.calls.append((self.ns, self.ws, op, args, body))
+        # recorded as they cross a Durable Object stub: the arguments' JSON
+        self.directory.calls.append((self.ns, self.ws, op, operations.to_json(args), body))
         if self.directory.raise_exc is not None:
             raise self.directory.raise_exc
         return self.directory.response

@@ -81,7 +81,7 @@ def test_snapshots_newest_first_and_status_object(store):
     state.add_snapshot(SnapshotInfo("b", 20, 2_000))
     state.add_snapshot(SnapshotInfo("a", 10, 1_000))
     state.add_snapshot(SnapshotInfo("c", 30, 3_000))
-    assert [s["id"] for s in state.snapshots()] == ["c", "b", "a"]
+    assert [s.id for s in state.snapshots()] == ["c", "b", "a"]
     state.remove_snapshot("c")
     status = state.status_object("ns", "ws", running=False, busy=False)
     assert status["last_snapshot"] == {"id": "b", "created_at": "1970-01-01T00:00:02.000Z", "size": 20}

@@ -5,13 +5,19 @@ import datetime as dt
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from durable.retention import keep
+from durable import retention
+from durable.ports import SnapshotInfo
 
 MIN = 60_000
 HOUR = 60 * MIN
 DAY = 24 * HOUR
 # Monday 2026-11-23 00:00:00 UTC: aligned to every slot size used (5 min, hour, day, ISO week)
 MONDAY = int(dt.datetime(2026, 11, 23, tzinfo=dt.UTC).timestamp() * 1000)
+
+
+def keep(pairs, now_ms):
+    """The policy over (id, created_at_ms) pairs: the tests speak in pairs for brevity."""
+    return retention.keep([SnapshotInfo(sid, 0, t) for sid, t in pairs], now_ms)
 
 
 def snaps(*times):

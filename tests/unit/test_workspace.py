@@ -8,6 +8,7 @@ import re
 import pytest
 from workspace_doubles import FakeContainer, ListStreams, ManualClock, MemoryStorage, RecordingAlarm, UploadBody
 
+from durable import operations
 from durable.settings import Settings
 from durable.workspace import Workspace
 
@@ -47,7 +48,7 @@ class Env:
         )
 
     async def call(self, op, args=None, body=None):
-        return await self.ws.call(op, args or {}, body)
+        return await self.ws.call(op, operations.from_json(op, args or {}), body)
 
     async def put(self, **overrides):
         return await self.call("put_config", {"config": {**CONFIG, **overrides}})
@@ -468,11 +469,11 @@ async def test_periodic_checkpoints_keep_running():
     assert env.alarm.at_ms == env.clock.now_ms() + 120_000  # the earlier of checkpoint and idle
     await env.fire_alarm_at_deadline()
     assert env.state == "running" and env.container.running()
-    [first] = [s["id"] for s in env.ws.state.snapshots()]
+    [first] = [s.id for s in env.ws.state.snapshots()]
     assert env.alarm.at_ms == env.clock.now_ms() + 120_000
     await env.fire_alarm_at_deadline()
     # the second checkpoint falls in the same 5-minute slot: retention replaces the first
-    [second] = [s["id"] for s in env.ws.state.snapshots()]
+    [second] = [s.id for s in env.ws.state.snapshots()]
     assert second != first and env.container.deleted_snapshots == [first]
     assert env.state == "running"
     await env.clock.advance(IDLE)

@@ -1,0 +1,106 @@
+"""The operations a workspace object accepts: each one's name and its typed arguments.
+
+The edge's route table names these (worker/routes.py), the workspace dispatches on them (durable/workspace.py),
+and tests/unit/test_operations.py checks the two against this table. Arguments cross the Cloudflare stub as the
+JSON of `to_json` (plain field names, nested dataclasses as objects) and are rebuilt by `from_json` without being
+validated again: only the Worker can call the object, and it validated them.
+
+No runtime imports: this runs under CPython and Pyodide.
+"""
+
+from dataclasses import MISSING, asdict, dataclass, fields, is_dataclass
+from typing import Any
+
+from protocol.errors import ProtocolError
+from protocol.validate import ExecRequest, WorkspaceConfig
+
+
+@dataclass(frozen=True)
+class NoArgs:
+    """Operations on the workspace as a whole: everything they need is the workspace itself."""
+
+
+@dataclass(frozen=True)
+class PutConfigArgs:
+    config: WorkspaceConfig  # validated, with the deployment's default instance filled in
+
+
+@dataclass(frozen=True)
+class ExecArgs:
+    request: ExecRequest
+
+
+@dataclass(frozen=True)
+class ReattachArgs:
+    request_id: str
+    offset: int = 0
+
+
+@dataclass(frozen=True)
+class CancelArgs:
+    request_id: str
+
+
+@dataclass(frozen=True)
+class ReadFileArgs:
+    path: str
+
+
+@dataclass(frozen=True)
+class WriteFileArgs:
+    path: str
+    mode: int
+    length: int  # the upload's Content-Length, checked against the deployment's limit
+
+
+@dataclass(frozen=True)
+class Operation:
+    name: str
+    args: type  # the frozen dataclass its handler takes
+    streams_body: bool = False  # the request body is passed to the workspace as a stream (file uploads)
+
+
+GET = Operation("get", NoArgs)
+PUT_CONFIG = Operation("put_config", PutConfigArgs)
+DELETE = Operation("delete", NoArgs)
+EXEC = Operation("exec", ExecArgs)
+REATTACH = Operation("reattach", ReattachArgs)
+CANCEL = Operation("cancel", CancelArgs)
+READ_FILE = Operation("read_file", ReadFileArgs)
+WRITE_FILE = Operation("write_file", WriteFileArgs, streams_body=True)
+SNAPSHOT = Operation("snapshot", NoArgs)
+SNAPSHOTS = Operation("snapshots", NoArgs)
+STOP = Operation("stop", NoArgs)
+
+OPERATIONS: dict[str, Operation] = {
+    op.name: op
+    for op in (GET, PUT_CONFIG, DELETE, EXEC, REATTACH, CANCEL, READ_FILE, WRITE_FILE, SNAPSHOT, SNAPSHOTS, STOP)
+}
+
+
+def to_json(args: Any) -> dict[str, Any]:
+    return asdict(args)
+
+
+def _build(cls: type, obj: dict[str, Any]) -> Any:
+    known = {f.name for f in fields(cls)}
+    unknown = set(obj) - known
+    if unknown:
+        raise ValueError(f"{cls.__name__} has no field {sorted(unknown)[0]!r}")
+    values = {}
+    for f in fields(cls):
+        if f.name not in obj:
+            if f.default is MISSING and f.default_factory is MISSING:
+                raise ValueError(f"{cls.__name__} needs {f.name!r}")
+            continue
+        value = obj[f.name]
+        values[f.name] = _build(f.type, value) if is_dataclass(f.type) else value
+    return cls(**values)
+
+
+def from_json(op: str, obj: dict[str, Any]) -> Any:
+    """The typed arguments of `op` from their JSON; not_found for an operation that does not exist."""
+    operation = OPERATIONS.get(op)
+    if operation is None:
+        raise ProtocolError("not_found")
+    return _build(operation.args, obj)

@@ -1,0 +1,151 @@
+"""How each route's request becomes its operation's typed arguments: one function per route (worker/routes.py).
+
+Every function validates its query, headers and body in the protocol's order and raises ProtocolError before the
+workspace is called; none reads a body its route does not take.
+"""
+
+from durable.operations import (
+    CancelArgs,
+    ExecArgs,
+    NoArgs,
+    PutConfigArgs,
+    ReadFileArgs,
+    ReattachArgs,
+    WriteFileArgs,
+)
+from durable.settings import Settings
+from protocol import limits
+from protocol.errors import ProtocolError
+from protocol.validate import (
+    WorkspaceConfig,
+    parse_exec_request,
+    parse_file_mode,
+    parse_json_object,
+    parse_workspace_config,
+    validate_abs_path,
+    validate_offset,
+)
+from worker.query import parse_query
+from worker.request import EdgeRequest
+
+NO_PARAMS: frozenset[str] = frozenset()
+
+
+def content_length(req: EdgeRequest) -> int | None:
+    """The declared body length; None when absent. Raises ValueError when malformed."""
+    raw = req.headers.get("content-length")
+    if raw is None:
+        return None
+    raw = raw.strip()
+    if not (raw.isascii() and raw.isdigit()) or len(raw) > 18:
+        raise ValueError("malformed Content-Length")
+    return int(raw)
+
+
+def _is_json(content_type: str | None) -> bool:
+    return content_type is not None and content_type.split(";", 1)[0].strip().lower() == "application/json"
+
+
+async def _read_json(req: EdgeRequest, *, empty_ok: bool) -> dict:
+    is_json = _is_json(req.headers.get("content-type"))
+    if not is_json and not empty_ok:
+        raise ProtocolError("unsupported_media_type")
+    try:
+        length = content_length(req)
+    except ValueError:
+        raise ProtocolError("invalid_json", "malformed Content-Length") from None
+    if length is not None and length > limits.MAX_BODY_BYTES:
+        raise ProtocolError("payload_too_large", f"JSON bodies are limited to {limits.MAX_BODY_BYTES} bytes")
+    data = await req.body.read(limits.MAX_BODY_BYTES) if req.body is not None else b""
+    if not is_json:
+        # `curl -X PUT` without a body means "all defaults"; a body of another type is refused.
+        if data.strip():
+            raise ProtocolError("unsupported_media_type")
+        return {}
+    return parse_json_object(data)
+
+
+def _path_param(params: dict[str, str]) -> str:
+    if "path" not in params:
+        raise ProtocolError("invalid_query", "the path parameter is required")
+    return validate_abs_path(params["path"])
+
+
+def _upload_length(req: EdgeRequest, settings: Settings) -> int:
+    try:
+        length = content_length(req)
+    except ValueError:
+        length = None
+    if length is None:
+        raise ProtocolError("length_required")
+    if length > settings.max_file_write_bytes:
+        raise ProtocolError("file_too_large", f"uploads are limited to {settings.max_file_write_bytes} bytes")
+    return length
+
+
+def _deployment_config(config: WorkspaceConfig, settings: Settings) -> WorkspaceConfig:
+    """The config checked against what this deployment offers, with its default instance type filled in."""
+    if config.image not in settings.images:
+        raise ProtocolError("image_not_found", f"images defined here: {', '.join(settings.images)}")
+    instance = config.instance or settings.default_instance_type
+    if instance not in settings.allowed_instance_types:
+        raise ProtocolError(
+            "instance_not_allowed", f"allowed instance types: {', '.join(settings.allowed_instance_types)}"
+        )
+    return WorkspaceConfig(config.image, instance, config.persistent, config.cwd)
+
+
+# --- one function per route: (request, the path's request id, settings) -> the operation's arguments ----------
+
+
+async def no_args(req: EdgeRequest, request_id: str | None, settings: Settings) -> NoArgs:
+    parse_query(req.query, NO_PARAMS)
+    return NoArgs()
+
+
+async def delete(req: EdgeRequest, request_id: str | None, settings: Settings) -> NoArgs:
+    params = parse_query(req.query, frozenset({"confirm"}))
+    if params.get("confirm") != "true":
+        raise ProtocolError("confirm_required")
+    return NoArgs()
+
+
+async def put_config(req: EdgeRequest, request_id: str | None, settings: Settings) -> PutConfigArgs:
+    parse_query(req.query, NO_PARAMS)
+    obj = await _read_json(req, empty_ok=True)
+    return PutConfigArgs(_deployment_config(parse_workspace_config(obj), settings))
+
+
+async def exec_(req: EdgeRequest, request_id: str | None, settings: Settings) -> ExecArgs:
+    parse_query(req.query, NO_PARAMS)
+    obj = await _read_json(req, empty_ok=False)
+    return ExecArgs(parse_exec_request(obj))  # the workspace trusts this; the supervisor checks it again
+
+
+async def reattach(req: EdgeRequest, request_id: str | None, settings: Settings) -> ReattachArgs:
+    params = parse_query(req.query, frozenset({"offset"}))
+    offset = validate_offset(params["offset"]) if "offset" in params else 0
+    return ReattachArgs(_required(request_id), offset)
+
+
+async def cancel(req: EdgeRequest, request_id: str | None, settings: Settings) -> CancelArgs:
+    parse_query(req.query, NO_PARAMS)
+    return CancelArgs(_required(request_id))
+
+
+async def read_file(req: EdgeRequest, request_id: str | None, settings: Settings) -> ReadFileArgs:
+    params = parse_query(req.query, frozenset({"path"}))
+    return ReadFileArgs(_path_param(params))
+
+
+async def write_file(req: EdgeRequest, request_id: str | None, settings: Settings) -> WriteFileArgs:
+    params = parse_query(req.query, frozenset({"path", "mode"}))
+    path = _path_param(params)
+    mode = parse_file_mode(params.get("mode"))
+    return WriteFileArgs(path, mode, _upload_length(req, settings))
+
+
+def _required(request_id: str | None) -> str:
+    if request_id is None:  # a route table bug: only `{id}` routes use these
+        raise ProtocolError("not_found")
+    return request_id

@@ -1,0 +1,93 @@
+"""The three places that name an operation agree: the edge's route table, the operations table and the
+workspace's handlers — names, argument types, and the JSON that carries the arguments across a Durable Object stub."""
+
+import dataclasses
+import json
+import typing
+
+import pytest
+from test_workspace import Env
+
+from durable import operations
+from durable.operations import OPERATIONS
+from protocol.errors import ProtocolError
+from protocol.validate import parse_exec_request, parse_workspace_config
+from worker.routes import WORKSPACE_ROUTES
+
+
+def _endpoints():
+    return [endpoint for methods in WORKSPACE_ROUTES.values() for endpoint in methods.values()]
+
+
+def _handlers():
+    return Env().ws.handlers
+
+
+def test_every_operation_is_routed_and_every_route_names_a_known_operation():
+    routed = {endpoint.operation for endpoint in _endpoints()}
+    assert routed == set(OPERATIONS.values())
+    assert all(OPERATIONS[op.name] is op for op in routed)
+
+
+def test_the_workspace_handles_exactly_the_operations():
+    assert set(_handlers()) == set(OPERATIONS.values())
+
+
+def test_each_handler_takes_its_operations_argument_type():
+    for operation, handler in _handlers().items():
+        hints = typing.get_type_hints(handler)
+        assert hints["args"] is operation.args, (operation.name, hints["args"])
+
+
+def test_each_route_prepares_its_operations_argument_type():
+    for endpoint in _endpoints():
+        hints = typing.get_type_hints(endpoint.prepare)
+        assert hints["return"] is endpoint.operation.args, (endpoint.operation.name, hints["return"])
+
+
+def test_argument_types_are_frozen_dataclasses():
+    for operation in OPERATIONS.values():
+        assert dataclasses.is_dataclass(operation.args), operation.name
+        assert operation.args.__dataclass_params__.frozen, operation.name
+
+
+def test_only_uploads_stream_their_body():
+    assert [op.name for op in OPERATIONS.values() if op.streams_body] == ["write_file"]
+
+
+RID = "0" * 32
+
+EXAMPLES = [
+    operations.NoArgs(),
+    operations.PutConfigArgs(parse_workspace_config({"instance": "lite", "persistent": False})),
+    operations.ExecArgs(parse_exec_request({"request_id": RID, "command": "echo é", "env": {"A": "1"}})),
+    operations.ReattachArgs(RID, 17),
+    operations.CancelArgs(RID),
+    operations.ReadFileArgs("/workspace/ä b"),
+    operations.WriteFileArgs("/workspace/x", 0o755, 12),
+]
+
+
+def test_every_argument_type_has_an_example():
+    assert {type(a) for a in EXAMPLES} == {op.args for op in OPERATIONS.values()}
+
+
+@pytest.mark.parametrize("args", EXAMPLES, ids=lambda a: type(a).__name__)
+def test_arguments_round_trip_through_json(args):
+    op = next(op for op in OPERATIONS.values() if op.args is type(args))
+    wire = json.loads(json.dumps(operations.to_json(args)))
+    assert operations.from_json(op.name, wire) == args
+
+
+def test_from_json_is_strict():
+    with pytest.raises(ValueError):
+        operations.from_json("cancel", {"request_id": RID, "extra": 1})
+    with pytest.raises(ValueError):
+        operations.from_json("cancel", {})
+    assert operations.from_json("reattach", {"request_id": RID}) == operations.ReattachArgs(RID, 0)
+
+
+def test_an_unknown_operation_is_not_found():
+    with pytest.raises(ProtocolError) as err:
+        operations.from_json("nope", {})
+    assert err.value.code == "not_found"
