@@ -7,5 +7,5 @@ boot.py         one boot shared by concurrent requests            launches.py   
 state.py        the persisted record and its state machine        store.py      tables in the workspace's SQL storage
 ledger.py       request ids seen (replay guard, early cancels)    schedule.py   idle/checkpoint/retry on one alarm
 retention.py    which snapshots stay (a pure function)            relay.py      exec streams and work in flight
-supervisor.py   calls into the container's supervisor             timefmt.py    ISO-8601 timestamps
+supervisor_client.py  a client of the container's supervisor       timefmt.py    ISO-8601 timestamps
 """

@@ -8,7 +8,7 @@ import asyncio
 from dataclasses import dataclass, field
 
 from durable.ports import Clock
-from durable.supervisor import STARTUP_BUDGET_SECONDS
+from durable.supervisor_client import STARTUP_BUDGET_SECONDS
 
 # a launching exec reaches the supervisor within its boot's budget: a reattach waits no longer for it
 HAND_OVER_BUDGET_SECONDS = STARTUP_BUDGET_SECONDS + 5

@@ -12,7 +12,7 @@ from collections.abc import Awaitable, Callable
 from typing import Any
 
 from durable import operations as ops
-from durable import retention, supervisor
+from durable import retention, supervisor_client
 from durable.boot import BootOutcome, Listener, SharedBoot
 from durable.launches import Launches
 from durable.ledger import CANCEL, EXEC, Ledger
@@ -132,7 +132,7 @@ class Workspace:
 
     async def _status(self, http_status: int = 200) -> Response:
         running = self._container_up()
-        busy = running and await supervisor.running_commands(self.container) > 0
+        busy = running and await supervisor_client.running_commands(self.container) > 0
         return Response.json(
             http_status, self.state.status_object(self.namespace, self.name, running=running, busy=busy)
         )
@@ -203,9 +203,9 @@ class Workspace:
         )
         try:
             await self.container.start(spec)
-            await supervisor.wait_ready(self.container, self.clock)
+            await supervisor_client.wait_ready(self.container, self.clock)
             if mode == BootMode.FRESH:
-                await supervisor.make_dir(self.container, config["cwd"])
+                await supervisor_client.make_dir(self.container, config["cwd"])
         except BaseException as exc:
             if state.state == phase:
                 state.set_state(fallback)
@@ -284,7 +284,7 @@ class Workspace:
         )
         self._launches.hand_over(rid)
         if resp.status != 200:
-            raise await supervisor.error_of(resp)
+            raise await supervisor_client.error_of(resp)
         await writer.pipe(resp.body)
 
     async def _op_reattach(self, args: ops.ReattachArgs, body: Any) -> Response:
@@ -295,12 +295,12 @@ class Workspace:
         await self._touch()
         if self._container_up():
             try:
-                resp = await self.container.fetch("GET", f"/exec/{rid}?{supervisor.query(offset=args.offset)}")
+                resp = await self.container.fetch("GET", f"/exec/{rid}?{supervisor_client.query(offset=args.offset)}")
             except ContainerGone:
                 resp = None
             if resp is not None:
                 if resp.status != 200:
-                    raise await supervisor.error_of(resp, fallback="request_not_found")
+                    raise await supervisor_client.error_of(resp, fallback="request_not_found")
                 return self._stream(lambda writer: self._pipe(writer, resp.body))
         if self.ledger.lookup(rid) == EXEC:
             message = "the container stopped; the command's outcome is unknown"
@@ -351,11 +351,13 @@ class Workspace:
     # --- files ---------------------------------------------------------------------------------------------
 
     async def _op_read_file(self, args: ops.ReadFileArgs, body: Any) -> Response:
-        q = supervisor.query(path=args.path, max_bytes=self.settings.max_file_read_bytes)
+        q = supervisor_client.query(path=args.path, max_bytes=self.settings.max_file_read_bytes)
         return await self._transfer("GET", q)
 
     async def _op_write_file(self, args: ops.WriteFileArgs, body: Any) -> Response:
-        q = supervisor.query(path=args.path, mode=f"{args.mode:04o}", max_bytes=self.settings.max_file_write_bytes)
+        q = supervisor_client.query(
+            path=args.path, mode=f"{args.mode:04o}", max_bytes=self.settings.max_file_write_bytes
+        )
         headers = {"content-length": str(args.length), "content-type": "application/octet-stream"}
         return await self._transfer("PUT", q, body=body, headers=headers)
 
@@ -381,7 +383,7 @@ class Workspace:
 
     async def _take_snapshot(self) -> SnapshotInfo:
         """Snapshot the running container, record it and apply retention. Caller holds the lifecycle lock."""
-        await supervisor.sync(self.container)
+        await supervisor_client.sync(self.container)
         info = await self.container.snapshot()
         self.state.add_snapshot(info)
         await self._apply_retention()
@@ -504,7 +506,7 @@ class Workspace:
                 await self._forget()
             return
         if due & {IDLE, RETRY}:
-            if not self._in_flight.count and await supervisor.running_commands(self.container) == 0:
+            if not self._in_flight.count and await supervisor_client.running_commands(self.container) == 0:
                 await self._idle_end()
                 return
             # a command is still running (or a stream still relayed): it keeps the workspace awake

@@ -22,7 +22,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from durable import supervisor
+from durable import supervisor_client as supervisor
 from durable.ports import ContainerGone
 from protocol.errors import ProtocolError
 from protocol.limits import CONTROL_BODY_BYTES

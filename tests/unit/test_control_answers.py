@@ -6,7 +6,7 @@ import pytest
 from test_workspace import Env, body, rid, types
 from workspace_doubles import Reply
 
-from durable import supervisor
+from durable import supervisor_client as supervisor
 from durable.ports import ContainerGone
 from protocol.limits import CONTROL_BODY_BYTES
 

@@ -1,4 +1,4 @@
-"""Calls from the workspace to the supervisor inside its container (docs/protocol.md, "Supervisor API").
+"""The workspace's client of the supervisor inside its container (docs/protocol.md, "Supervisor API").
 
 Every answer read here is a control answer: `read()`/`json()` refuse one past CONTROL_BODY_BYTES with ContainerGone
 (ports.ContainerResponse), and each call treats that like a supervisor that does not answer.
