@@ -24,8 +24,12 @@ def discover() -> list[str]:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m bench", description=__doc__)
-    parser.add_argument("--only", action="append", metavar="NAME",
-                        help="run only this module (e.g. supervisor or bench_supervisor); may repeat")
+    parser.add_argument(
+        "--only",
+        action="append",
+        metavar="NAME",
+        help="run only this module (e.g. supervisor or bench_supervisor); may repeat",
+    )
     parser.add_argument("--quick", action="store_true", help="fewer repetitions and smaller sizes")
     args = parser.parse_args(argv)
     modules = discover()

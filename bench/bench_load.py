@@ -50,27 +50,53 @@ def run(quick: bool = False) -> list[dict]:
     label = f"{clients} clients, {workspaces} workspaces, {seconds} s"
     rows.append(_errors_row(f"load: errors ({label})", loaded, f"{served} requests served"))
     one_client_rate = 1 / statistics.fmean(s for v in alone.samples.values() for s in v)
-    rows.append(figure(f"load: throughput ({label})", served / seconds, "req/s", "one client alone, same mix",
-                       one_client_rate, goal=1.0, better="higher",
-                       note=f"{served} requests in {seconds} s; the {clients} client threads share the machine's "
-                       "2 cores (and one GIL) with the server and the sandboxes"))
+    rows.append(
+        figure(
+            f"load: throughput ({label})",
+            served / seconds,
+            "req/s",
+            "one client alone, same mix",
+            one_client_rate,
+            goal=1.0,
+            better="higher",
+            note=f"{served} requests in {seconds} s; the {clients} client threads share the machine's "
+            "2 cores (and one GIL) with the server and the sandboxes",
+        )
+    )
     # the server's own efficiency, free of the load generator's: CPU it spends per request, loaded vs alone
-    rows.append(figure(f"load: server CPU per request ({clients} clients)", (cpu2 - cpu1) * 1000 / served, "ms",
-                       "one client alone", (cpu1 - cpu0) * 1000 / alone.served, goal=1.5,
-                       note="user + system time of the flarebox serve process (sandboxes excluded; the loaded "
-                       "figure includes booting the other workspaces)"))
+    rows.append(
+        figure(
+            f"load: server CPU per request ({clients} clients)",
+            (cpu2 - cpu1) * 1000 / served,
+            "ms",
+            "one client alone",
+            (cpu1 - cpu0) * 1000 / alone.served,
+            goal=1.5,
+            note="user + system time of the flarebox serve process (sandboxes excluded; the loaded "
+            "figure includes booting the other workspaces)",
+        )
+    )
     for kind in loadgen.KINDS:
         ours, base = _ms(loaded.samples[kind]), _ms(alone.samples[kind])
         if not ours or not base:
             continue
         for p in (50, 95, 99):
-            row = figure(f"load: {kind} p{p} ({clients} clients)", percentile(ours, p), "ms",
-                         f"{kind} p{p}, one client alone", percentile(base, p),
-                         note=f"{len(ours)} requests" if p == 50 else "")
+            row = figure(
+                f"load: {kind} p{p} ({clients} clients)",
+                percentile(ours, p),
+                "ms",
+                f"{kind} p{p}, one client alone",
+                percentile(base, p),
+                note=f"{len(ours)} requests" if p == 50 else "",
+            )
             if p == 50:  # one distribution plot per kind: loaded vs alone
-                row.update(samples=ours, baseline_samples=base, plot="load-latency",
-                           plot_title=f"{kind}: {clients} concurrent clients vs one client alone",
-                           samples_label=f"{clients} clients")
+                row.update(
+                    samples=ours,
+                    baseline_samples=base,
+                    plot="load-latency",
+                    plot_title=f"{kind}: {clients} concurrent clients vs one client alone",
+                    samples_label=f"{clients} clients",
+                )
             rows.append(row)
 
     server = loadgen.Server(idle_seconds=IDLE_SECONDS)
@@ -81,19 +107,50 @@ def run(quick: bool = False) -> list[dict]:
     finally:
         server.stop()
     restores = soaked.samples["restore"]
-    rows.append(_errors_row(f"soak: errors ({soak_workspaces} workspaces × {cycles} idle snapshot/restore cycles)",
-                            soaked, f"{len(restores)} restores verified (sha256 of every file of every cycle)"))
+    rows.append(
+        _errors_row(
+            f"soak: errors ({soak_workspaces} workspaces × {cycles} idle snapshot/restore cycles)",
+            soaked,
+            f"{len(restores)} restores verified (sha256 of every file of every cycle)",
+        )
+    )
     if restores:
         warm_exec = _ms(warm.samples["exec"])
-        row = figure("soak: restore + exec p50", percentile(_ms(restores), 50), "ms", "warm exec p50",
-                     percentile(warm_exec, 50), note=f"{soak_workspaces} workspaces restoring at once")
-        row.update(samples=_ms(restores), baseline_samples=warm_exec, plot="soak", samples_label="after an idle stop",
-                   plot_title="first exec after an idle stop (restore + exec) vs a warm exec")
+        row = figure(
+            "soak: restore + exec p50",
+            percentile(_ms(restores), 50),
+            "ms",
+            "warm exec p50",
+            percentile(warm_exec, 50),
+            note=f"{soak_workspaces} workspaces restoring at once",
+        )
+        row.update(
+            samples=_ms(restores),
+            baseline_samples=warm_exec,
+            plot="soak",
+            samples_label="after an idle stop",
+            plot_title="first exec after an idle stop (restore + exec) vs a warm exec",
+        )
         rows.append(row)
-        rows.append(figure("soak: restore + exec p95", percentile(_ms(restores), 95), "ms", "warm exec p95",
-                           percentile(warm_exec, 95)))
+        rows.append(
+            figure(
+                "soak: restore + exec p95",
+                percentile(_ms(restores), 95),
+                "ms",
+                "warm exec p95",
+                percentile(warm_exec, 95),
+            )
+        )
     if soaked.samples["idle_stop"]:
         stops = _ms(soaked.samples["idle_stop"])
-        rows.append(figure("soak: last activity → stopped (idle snapshot + stop) p50", percentile(stops, 50), "ms",
-                           "IDLE_SECONDS", IDLE_SECONDS * 1000, note="includes the idle deadline itself"))
+        rows.append(
+            figure(
+                "soak: last activity → stopped (idle snapshot + stop) p50",
+                percentile(stops, 50),
+                "ms",
+                "IDLE_SECONDS",
+                IDLE_SECONDS * 1000,
+                note="includes the idle deadline itself",
+            )
+        )
     return rows

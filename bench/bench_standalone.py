@@ -43,8 +43,18 @@ class Server:
         self.url = f"http://127.0.0.1:{self.port}"
         env = {**os.environ, "SANDBOX_API_TOKEN": TOKEN, "IDLE_SECONDS": "3600", "PYTHONUNBUFFERED": "1"}
         self.log = open(root / "server.log", "wb")  # noqa: SIM115 - closed in stop()
-        cmd = [sys.executable, "-m", "standalone.cli", "serve", "--port", str(self.port), "--data-dir",
-               str(self.data_dir), "--log-level", "warning"]
+        cmd = [
+            sys.executable,
+            "-m",
+            "standalone.cli",
+            "serve",
+            "--port",
+            str(self.port),
+            "--data-dir",
+            str(self.data_dir),
+            "--log-level",
+            "warning",
+        ]
         self.proc = subprocess.Popen(cmd, stdout=self.log, stderr=subprocess.STDOUT, env=env, start_new_session=True)
         deadline = time.monotonic() + 30
         while time.monotonic() < deadline:
@@ -142,15 +152,37 @@ def _round_trips(server: Server, client: Client, repeat: int) -> list[dict]:
     full_s, alone, bare = samples[full], samples[direct], samples[_bare_spawn]
     bare_p50 = percentile(bare, 50) * 1000
     return [
-        figure("exec `true` round trip, full stack p50", percentile(full_s, 50) * 1000, "ms",
-               "bare bash -c true p50", bare_p50, goal=3.0),
-        figure("exec `true` round trip, full stack p95", percentile(full_s, 95) * 1000, "ms",
-               "bare bash -c true p95", percentile(bare, 95) * 1000),
-        figure("exec `true` round trip, supervisor alone p50", percentile(alone, 50) * 1000, "ms",
-               "bare bash -c true p50", bare_p50, note="POST /exec on the sandbox's unix socket"),
-        figure("exec `true` round trip, full stack p50 vs supervisor alone", percentile(full_s, 50) * 1000, "ms",
-               "supervisor alone p50", percentile(alone, 50) * 1000,
-               note="what the server, edge, workspace and relay add"),
+        figure(
+            "exec `true` round trip, full stack p50",
+            percentile(full_s, 50) * 1000,
+            "ms",
+            "bare bash -c true p50",
+            bare_p50,
+            goal=3.0,
+        ),
+        figure(
+            "exec `true` round trip, full stack p95",
+            percentile(full_s, 95) * 1000,
+            "ms",
+            "bare bash -c true p95",
+            percentile(bare, 95) * 1000,
+        ),
+        figure(
+            "exec `true` round trip, supervisor alone p50",
+            percentile(alone, 50) * 1000,
+            "ms",
+            "bare bash -c true p50",
+            bare_p50,
+            note="POST /exec on the sandbox's unix socket",
+        ),
+        figure(
+            "exec `true` round trip, full stack p50 vs supervisor alone",
+            percentile(full_s, 50) * 1000,
+            "ms",
+            "supervisor alone p50",
+            percentile(alone, 50) * 1000,
+            note="what the server, edge, workspace and relay add",
+        ),
     ]
 
 
@@ -162,14 +194,27 @@ def _cold_and_restore(server: Server, client: Client, root: Path, quick: bool) -
         client.put_workspace(NS, ws, {})
         first, _ = _exec(client, ws, "echo up")
         cold.append(first)
-    rows.append(figure("cold start: new workspace → first output p50", percentile(cold, 50), "s", "goal (1 s)", 1.0,
-                       goal=1.0, note=f"median of {len(cold)}"))
+    rows.append(
+        figure(
+            "cold start: new workspace → first output p50",
+            percentile(cold, 50),
+            "s",
+            "goal (1 s)",
+            1.0,
+            goal=1.0,
+            note=f"median of {len(cold)}",
+        )
+    )
 
     mb = 20 if quick else 100
     client.put_workspace(NS, "big", {})
     # half incompressible, half text: what a checkout with build outputs looks like to zstd
-    _exec(client, "big", f"head -c {mb // 2}M /dev/urandom > /workspace/blob; "
-                         f"seq 1 100000000 | head -c {mb // 2}M > /workspace/text.txt")
+    _exec(
+        client,
+        "big",
+        f"head -c {mb // 2}M /dev/urandom > /workspace/blob; "
+        f"seq 1 100000000 | head -c {mb // 2}M > /workspace/text.txt",
+    )
     client.stop(NS, "big")
     restores = []
     for _ in range(1 if quick else 3):
@@ -185,10 +230,18 @@ def _cold_and_restore(server: Server, client: Client, root: Path, quick: bool) -
         subprocess.run(f"zstd -d -q -c '{archive}' | tar -C '{target}' -xf -", shell=True, check=True)  # noqa: S602
 
     bare = timed(bare_restore, 3)
-    rows.append(figure(f"restore {mb} MB workspace → first output p50", percentile(restores, 50), "s",
-                       "goal (1 s)", 1.0, goal=1.0,
-                       note=f"bare zstd -d | tar -x of the same archive: {percentile(bare, 50):.3f} s; "
-                            f"archive {archive.stat().st_size / 1e6:.1f} MB"))
+    rows.append(
+        figure(
+            f"restore {mb} MB workspace → first output p50",
+            percentile(restores, 50),
+            "s",
+            "goal (1 s)",
+            1.0,
+            goal=1.0,
+            note=f"bare zstd -d | tar -x of the same archive: {percentile(bare, 50):.3f} s; "
+            f"archive {archive.stat().st_size / 1e6:.1f} MB",
+        )
+    )
     return rows
 
 
@@ -207,8 +260,12 @@ def _sandbox_rss_kib(hostname: str) -> int:
             cmd = Path(f"/proc/{entry}/cmdline").read_bytes().split(b"\0") if entry.isdigit() else []
         except OSError:
             continue
-        if cmd and cmd[0].endswith(b"bwrap") and b"--hostname" in cmd and cmd[cmd.index(b"--hostname") + 1] == \
-                hostname.encode():
+        if (
+            cmd
+            and cmd[0].endswith(b"bwrap")
+            and b"--hostname" in cmd
+            and cmd[cmd.index(b"--hostname") + 1] == hostname.encode()
+        ):
             roots.append(int(entry))
     seen, todo, total = set(), list(roots), 0
     while todo:
@@ -233,8 +290,20 @@ def _memory(server: Server, client: Client, count: int) -> list[dict]:
     time.sleep(1)
     per_ws = (server.rss_kib() - before) / count
     return [
-        figure("server RSS per idle workspace", per_ws, "KiB", "—", None,
-               note=f"{count} workspaces booted once, then idle; sandbox processes excluded"),
-        figure("sandbox RSS per idle workspace", _sandbox_rss_kib("mem0"), "KiB", "—", None,
-               note="bwrap + supervisor of one idle workspace"),
+        figure(
+            "server RSS per idle workspace",
+            per_ws,
+            "KiB",
+            "—",
+            None,
+            note=f"{count} workspaces booted once, then idle; sandbox processes excluded",
+        ),
+        figure(
+            "sandbox RSS per idle workspace",
+            _sandbox_rss_kib("mem0"),
+            "KiB",
+            "—",
+            None,
+            note="bwrap + supervisor of one idle workspace",
+        ),
     ]

@@ -80,16 +80,31 @@ def _exec(client: httpx.Client, command: str) -> list[dict]:
 
 
 def _exec_round_trip(client, repeat: int) -> list[dict]:
-    ours, bare = timed_pair(lambda: _exec(client, "true"), lambda: subprocess.run(["bash", "-c", "true"], check=True),
-                            repeat, warmup=10)
+    ours, bare = timed_pair(
+        lambda: _exec(client, "true"), lambda: subprocess.run(["bash", "-c", "true"], check=True), repeat, warmup=10
+    )
     return [
-        {**figure("exec `true` round trip p50", percentile(ours, 50) * 1000, "ms", "subprocess.run bash -c true p50",
-                  percentile(bare, 50) * 1000, goal=1.5),
-         # the distributions, for bench/report.py's plot
-         "samples": [s * 1000 for s in ours], "baseline_samples": [s * 1000 for s in bare],
-         "plot_title": "exec `true`: supervisor round trip vs bare bash -c true"},
-        figure("exec `true` round trip p95", percentile(ours, 95) * 1000, "ms", "subprocess.run bash -c true p95",
-               percentile(bare, 95) * 1000),
+        {
+            **figure(
+                "exec `true` round trip p50",
+                percentile(ours, 50) * 1000,
+                "ms",
+                "subprocess.run bash -c true p50",
+                percentile(bare, 50) * 1000,
+                goal=1.5,
+            ),
+            # the distributions, for bench/report.py's plot
+            "samples": [s * 1000 for s in ours],
+            "baseline_samples": [s * 1000 for s in bare],
+            "plot_title": "exec `true`: supervisor round trip vs bare bash -c true",
+        },
+        figure(
+            "exec `true` round trip p95",
+            percentile(ours, 95) * 1000,
+            "ms",
+            "subprocess.run bash -c true p95",
+            percentile(bare, 95) * 1000,
+        ),
     ]
 
 
@@ -104,8 +119,16 @@ def _stream(client, repeat: int) -> list[dict]:
 
     ours_samples, bare_samples = timed_pair(ours, bare, repeat, warmup=2)
     ours_s, bare_s = statistics.median(ours_samples), statistics.median(bare_samples)
-    return [figure("stream 2,000,000 chars (median)", ours_s * 1000, "ms", "bash -c … | bare pipe read",
-                   bare_s * 1000, goal=2.0)]
+    return [
+        figure(
+            "stream 2,000,000 chars (median)",
+            ours_s * 1000,
+            "ms",
+            "bash -c … | bare pipe read",
+            bare_s * 1000,
+            goal=2.0,
+        )
+    ]
 
 
 def _files(client, workspace: Path, sock: str, size: int, repeat: int) -> list[dict]:
@@ -124,8 +147,9 @@ def _files(client, workspace: Path, sock: str, size: int, repeat: int) -> list[d
                     while chunk := f.read(MIB):
                         yield chunk
 
-            response = client.put("/files", params={"path": str(remote)}, content=chunks(),
-                                  headers={"Content-Length": str(size)})
+            response = client.put(
+                "/files", params={"path": str(remote)}, content=chunks(), headers={"Content-Length": str(size)}
+            )
             response.raise_for_status()
 
         def get() -> None:
@@ -136,12 +160,34 @@ def _files(client, workspace: Path, sock: str, size: int, repeat: int) -> list[d
                         f.write(chunk)
 
         def curl_get() -> None:
-            subprocess.run(["curl", "-sSf", "--unix-socket", sock, "-o", str(local / "fetched.bin"),
-                            f"http://sv/files?path={remote}"], check=True)
+            subprocess.run(
+                [
+                    "curl",
+                    "-sSf",
+                    "--unix-socket",
+                    sock,
+                    "-o",
+                    str(local / "fetched.bin"),
+                    f"http://sv/files?path={remote}",
+                ],
+                check=True,
+            )
 
         def curl_put() -> None:
-            subprocess.run(["curl", "-sSf", "--unix-socket", sock, "-T", str(source), "-o", os.devnull,
-                            f"http://sv/files?path={remote}"], check=True)
+            subprocess.run(
+                [
+                    "curl",
+                    "-sSf",
+                    "--unix-socket",
+                    sock,
+                    "-T",
+                    str(source),
+                    "-o",
+                    os.devnull,
+                    f"http://sv/files?path={remote}",
+                ],
+                check=True,
+            )
 
         def copy() -> None:
             shutil.copyfile(source, local / "copy.bin")
@@ -158,16 +204,39 @@ def _files(client, workspace: Path, sock: str, size: int, repeat: int) -> list[d
     mib = size / MIB
     copy_rate = mib / copy_s
     results = [
-        figure(f"file GET {mib:.0f} MiB (httpx client)", mib / get_s, "MiB/s", "shutil.copyfile", copy_rate,
-               goal=0.5, better="higher"),
-        figure(f"file PUT {mib:.0f} MiB (httpx client)", mib / put_s, "MiB/s", "shutil.copyfile", copy_rate,
-               goal=0.5, better="higher"),
+        figure(
+            f"file GET {mib:.0f} MiB (httpx client)",
+            mib / get_s,
+            "MiB/s",
+            "shutil.copyfile",
+            copy_rate,
+            goal=0.5,
+            better="higher",
+        ),
+        figure(
+            f"file PUT {mib:.0f} MiB (httpx client)",
+            mib / put_s,
+            "MiB/s",
+            "shutil.copyfile",
+            copy_rate,
+            goal=0.5,
+            better="higher",
+        ),
     ]
     # the same transfers with curl as the client, to tell the supervisor's speed from the Python client's
     for label, samples in (("GET", curl_get_samples), ("PUT", curl_put_samples)):
         if samples:
-            results.append(figure(f"file {label} {mib:.0f} MiB (curl client)", mib / statistics.median(samples),
-                                  "MiB/s", "shutil.copyfile", copy_rate, goal=0.5, better="higher"))
+            results.append(
+                figure(
+                    f"file {label} {mib:.0f} MiB (curl client)",
+                    mib / statistics.median(samples),
+                    "MiB/s",
+                    "shutil.copyfile",
+                    copy_rate,
+                    goal=0.5,
+                    better="higher",
+                )
+            )
     return results
 
 

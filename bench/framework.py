@@ -5,8 +5,16 @@ import time
 from collections.abc import Callable
 
 
-def figure(name: str, value: float, unit: str, baseline: str, baseline_value: float,
-           goal: float | None = None, better: str = "lower", note: str = "") -> dict:
+def figure(
+    name: str,
+    value: float,
+    unit: str,
+    baseline: str,
+    baseline_value: float,
+    goal: float | None = None,
+    better: str = "lower",
+    note: str = "",
+) -> dict:
     """One measured figure. ratio = value / baseline_value; the goal bounds the ratio from above when lower is
     better (latency, time) and from below when higher is better (throughput)."""
     if better not in ("lower", "higher"):
@@ -16,8 +24,18 @@ def figure(name: str, value: float, unit: str, baseline: str, baseline_value: fl
         met = None
     else:
         met = ratio <= goal if better == "lower" else ratio >= goal
-    return {"name": name, "value": value, "unit": unit, "baseline": baseline, "baseline_value": baseline_value,
-            "ratio": ratio, "goal": goal, "better": better, "met": met, "note": note}
+    return {
+        "name": name,
+        "value": value,
+        "unit": unit,
+        "baseline": baseline,
+        "baseline_value": baseline_value,
+        "ratio": ratio,
+        "goal": goal,
+        "better": better,
+        "met": met,
+        "note": note,
+    }
 
 
 def normalize(row: dict) -> dict:
@@ -27,8 +45,16 @@ def normalize(row: dict) -> dict:
     if "baseline_name" in row:
         row["baseline_value"] = row.pop("baseline")
         row["baseline"] = row.pop("baseline_name")
-    made = figure(row["name"], row["value"], row.get("unit", ""), row.get("baseline", "—"),
-                  row.get("baseline_value"), row.get("goal"), row.get("better", "lower"), row.get("note", ""))
+    made = figure(
+        row["name"],
+        row["value"],
+        row.get("unit", ""),
+        row.get("baseline", "—"),
+        row.get("baseline_value"),
+        row.get("goal"),
+        row.get("better", "lower"),
+        row.get("note", ""),
+    )
     return {**row, **{k: v for k, v in made.items() if k not in row or row[k] is None}}
 
 
@@ -51,8 +77,9 @@ def timed(fn: Callable[[], object], repeat: int, warmup: int = 0) -> list[float]
     return samples
 
 
-def timed_pair(ours: Callable[[], object], baseline: Callable[[], object], repeat: int,
-               warmup: int = 0) -> tuple[list[float], list[float]]:
+def timed_pair(
+    ours: Callable[[], object], baseline: Callable[[], object], repeat: int, warmup: int = 0
+) -> tuple[list[float], list[float]]:
     """Time two alternatives interleaved (A, B, A, B, …) so that load changing during the run hits both alike."""
     for _ in range(warmup):
         ours()
@@ -75,13 +102,17 @@ def fmt(value) -> str:
 
 
 def markdown_table(results: list[dict]) -> str:
-    lines = ["| name | value | unit | baseline | baseline value | ratio | goal | met? |",
-             "|---|---|---|---|---|---|---|---|"]
+    lines = [
+        "| name | value | unit | baseline | baseline value | ratio | goal | met? |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
     for r in results:
         r = {k: v.replace("|", "\\|") if isinstance(v, str) else v for k, v in r.items()}
         goal = "—" if r["goal"] is None else ("≤ " if r["better"] == "lower" else "≥ ") + f"{r['goal']}×"
         met = {True: "yes", False: "**no**", None: "—"}[r["met"]]
         ratio = "—" if r["ratio"] is None else f"{r['ratio']:.2f}×"
-        lines.append(f"| {r['name']} | {fmt(r['value'])} | {r['unit']} | {r['baseline']} | "
-                     f"{fmt(r['baseline_value'])} | {ratio} | {goal} | {met} |")
+        lines.append(
+            f"| {r['name']} | {fmt(r['value'])} | {r['unit']} | {r['baseline']} | "
+            f"{fmt(r['baseline_value'])} | {ratio} | {goal} | {met} |"
+        )
     return "\n".join(lines)

@@ -74,10 +74,21 @@ class Server:
         env = {k: v for k, v in os.environ.items() if not k.startswith(("HERMES_CF_", "SANDBOX_API_TOKEN"))}
         env.update({"SANDBOX_API_TOKEN": TOKEN, "IDLE_SECONDS": str(idle_seconds), "PYTHONUNBUFFERED": "1"})
         self._log = open(self.root / "server.log", "wb")  # noqa: SIM115 - closed in stop()
-        cmd = [sys.executable, "-m", "standalone.cli", "serve", "--host", "127.0.0.1", "--port", str(self.port),
-               "--data-dir", str(self.root / "data"), "--log-level", "warning"]
-        self.proc = subprocess.Popen(cmd, stdout=self._log, stderr=subprocess.STDOUT, env=env,
-                                     start_new_session=True)
+        cmd = [
+            sys.executable,
+            "-m",
+            "standalone.cli",
+            "serve",
+            "--host",
+            "127.0.0.1",
+            "--port",
+            str(self.port),
+            "--data-dir",
+            str(self.root / "data"),
+            "--log-level",
+            "warning",
+        ]
+        self.proc = subprocess.Popen(cmd, stdout=self._log, stderr=subprocess.STDOUT, env=env, start_new_session=True)
         deadline = time.monotonic() + 30
         while True:
             try:
@@ -192,8 +203,14 @@ def setup(server: Server, workspaces: int) -> list[str]:
     return names
 
 
-def mix(server: Server, names: list[str], clients: int, seconds: float, seed: int = 1,
-        think: tuple[float, float] = (0.0, 0.0)) -> Tally:
+def mix(
+    server: Server,
+    names: list[str],
+    clients: int,
+    seconds: float,
+    seed: int = 1,
+    think: tuple[float, float] = (0.0, 0.0),
+) -> Tally:
     """`clients` threads issue requests for `seconds` (each finishes the request in flight), back to back or with a
     random pause drawn from `think` (seconds) between two requests."""
     tally = Tally()
@@ -247,8 +264,10 @@ def soak(server: Server, names: list[str], cycles: int, idle_seconds: int, seed:
                     tally.ok("restore", time.perf_counter() - begun)
                     if container != "restored" or end.get("exit_code") != 0:
                         raise AssertionError(f"after the idle stop: container={container}, end={end}")
-                    sums = {f"/workspace/soak/{name}": digest for digest, name in
-                            (line.split() for line in out.splitlines() if line.endswith(".bin"))}
+                    sums = {
+                        f"/workspace/soak/{name}": digest
+                        for digest, name in (line.split() for line in out.splitlines() if line.endswith(".bin"))
+                    }
                     log_lines = [line for line in out.splitlines() if not line.endswith(".bin")]
                     if sums != written or log_lines != [str(c) for c in range(cycle + 1)]:
                         raise AssertionError(f"cycle {cycle}: contents differ after restore: {out[:300]!r}")
@@ -259,8 +278,10 @@ def soak(server: Server, names: list[str], cycles: int, idle_seconds: int, seed:
                     tally.fail("soak", f"{ws} cycle {cycle}: {type(exc).__name__}: {exc}")
                     return
 
-    threads = [threading.Thread(target=cycle_all, args=(ws, random.Random(seed + i)), daemon=True)
-               for i, ws in enumerate(names)]
+    threads = [
+        threading.Thread(target=cycle_all, args=(ws, random.Random(seed + i)), daemon=True)
+        for i, ws in enumerate(names)
+    ]
     for t in threads:
         t.start()
     for t in threads:

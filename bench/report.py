@@ -28,9 +28,7 @@ def machine() -> str:
     except (OSError, StopIteration, ValueError):
         pass
     try:
-        os_release = dict(
-            line.rstrip("\n").split("=", 1) for line in open("/etc/os-release") if "=" in line
-        )
+        os_release = dict(line.rstrip("\n").split("=", 1) for line in open("/etc/os-release") if "=" in line)
         parts.append(os_release.get("PRETTY_NAME", "").strip('"') or platform.platform())
     except OSError:
         parts.append(platform.platform())
@@ -53,8 +51,10 @@ def _goal(row: dict) -> str:
 
 
 def table(rows: list[dict]) -> str:
-    lines = ["| figure | value | baseline (same run) | baseline value | ratio | goal | met? | note |",
-             "|---|---|---|---|---|---|---|---|"]
+    lines = [
+        "| figure | value | baseline (same run) | baseline value | ratio | goal | met? | note |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
     for r in rows:
         cell = {k: v.replace("|", "\\|").replace("\n", " ") if isinstance(v, str) else v for k, v in r.items()}
         unit = f" {cell.get('unit', '')}".rstrip()
@@ -63,7 +63,7 @@ def table(rows: list[dict]) -> str:
             f"| {cell['name']} | {fmt(cell['value'])}{unit} | {cell.get('baseline', '—')} | "
             f"{fmt(base_value)}{unit if base_value is not None else ''} | "
             f"{'—' if r.get('ratio') is None else format(r['ratio'], '.2f') + '×'} | {_goal(r)} | "
-            f"{ {True: 'yes', False: '**no**', None: '—'}[r.get('met')]} | {cell.get('note') or ''} |"
+            f"{ {True: 'yes', False: '**no**', None: '—'}[r.get('met')] } | {cell.get('note') or ''} |"
         )
     return "\n".join(lines)
 
@@ -81,8 +81,11 @@ def markdown(report: dict, plots: list[Path], out_dir: Path) -> str:
         "`ratio` = value / baseline. Benchmarks are not tests: nothing here is asserted.",
         "",
         f"**{met} of {len(goals)} goals met.**"
-        + (f" Modules that failed to run: {', '.join(report['failed_modules'])}." if report.get("failed_modules")
-           else ""),
+        + (
+            f" Modules that failed to run: {', '.join(report['failed_modules'])}."
+            if report.get("failed_modules")
+            else ""
+        ),
     ]
     modules: dict[str, list[dict]] = {}
     for r in results:
@@ -131,7 +134,7 @@ def _plot_rows(rows: list[dict], title: str, path: Path) -> None:
         ax.set_title(row.get("plot_title") or row["name"], fontsize=9)
         ax.grid(True, which="both", alpha=0.3)
         ax.legend(fontsize=7, loc="lower right")
-    for ax in list(axes.flat)[len(rows):]:
+    for ax in list(axes.flat)[len(rows) :]:
         ax.set_visible(False)
     fig.suptitle(title, fontsize=11)
     fig.tight_layout()

@@ -45,8 +45,14 @@ def dry_run(tmp_path_factory):
 def test_bundle_holds_the_worker_and_its_packages(dry_run):
     out, files, _ = dry_run
     assert "entry.py" in files
-    for module in ("protocol/errors.py", "worker/edge.py", "durable/workspace.py", "durable/ports.py",
-                   "cloudflare/host.py", "cloudflare/container.py"):
+    for module in (
+        "protocol/errors.py",
+        "worker/edge.py",
+        "durable/workspace.py",
+        "durable/ports.py",
+        "cloudflare/host.py",
+        "cloudflare/container.py",
+    ):
         assert module in files, module
     assert "python_modules/workers/__init__.py" in files  # the vendored SDK production imports
     assert (out / "entry.py").read_text() == (REPO / "src" / "entry.py").read_text()
@@ -72,6 +78,11 @@ def test_config_declares_the_object_its_container_and_vars(dry_run):
     assert config["containers"][0]["images"]["hermes"]["dockerfile"] == "container/Dockerfile"
     assert (REPO / "container" / "Dockerfile").exists()
     assert "SANDBOX_API_TOKEN" not in config["vars"]  # a secret, never a var
-    for name in ("IDLE_SECONDS", "ENABLE_INTERNET", "ALLOWED_INSTANCE_TYPES", "DEFAULT_INSTANCE_TYPE",
-                 "SNAPSHOT_INTERVAL_SECONDS"):
+    for name in (
+        "IDLE_SECONDS",
+        "ENABLE_INTERNET",
+        "ALLOWED_INSTANCE_TYPES",
+        "DEFAULT_INSTANCE_TYPE",
+        "SNAPSHOT_INTERVAL_SECONDS",
+    ):
         assert f"env.{name}" in stdout

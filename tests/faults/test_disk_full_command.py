@@ -62,8 +62,10 @@ def test_command_filling_the_disk_leaves_server_and_neighbours_working(start_ser
             for ws in ("hog", "calm"):
                 status = client.get(ws_url("disk", ws))
                 assert status.status_code == 200, status.text
-                resp = client.post(ws_url("disk", ws, "exec"), json={"request_id": "a" * 31 + str(len(ws)),
-                                                                     "command": "touch /workspace/ran"})
+                resp = client.post(
+                    ws_url("disk", ws, "exec"),
+                    json={"request_id": "a" * 31 + str(len(ws)), "command": "touch /workspace/ran"},
+                )
                 assert resp.status_code == 507 and resp.json()["error"]["code"] == "storage_full", resp.text
             # the operator frees space on the host: everything works again, the refused command never ran
             for name in ("fill1", "fill2"):
@@ -76,6 +78,10 @@ def test_command_filling_the_disk_leaves_server_and_neighbours_working(start_ser
             put_files(client, "disk", "calm", more)
             assert_files(client, "disk", "calm", more)
             assert client.post(ws_url("disk", "hog", "snapshot")).status_code == 200
-            wait_until(lambda: run_ok(client, "disk", "calm", "true") and reserve.exists(), 15, interval=1,
-                       what="the reserve to be put back")
+            wait_until(
+                lambda: run_ok(client, "disk", "calm", "true") and reserve.exists(),
+                15,
+                interval=1,
+                what="the reserve to be put back",
+            )
         srv.stop()

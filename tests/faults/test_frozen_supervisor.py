@@ -45,13 +45,15 @@ def test_exec_on_a_frozen_supervisor_ends_with_an_error_and_recovers_after_sigco
 
         def read_file():
             with srv.client() as own:
-                return own.get(ws_url("frz", "exec", "files"), params={"path": "/workspace/notes.txt"},
-                               timeout=SILENCE_BOUND + 30)
+                return own.get(
+                    ws_url("frz", "exec", "files"), params={"path": "/workspace/notes.txt"}, timeout=SILENCE_BOUND + 30
+                )
 
         def long_exec():
             with srv.client() as own:
-                return exec_events(own, "frz", "exec", "echo begun; sleep 300", timeout=SILENCE_BOUND + 60,
-                                   request_id=long_id)
+                return exec_events(
+                    own, "frz", "exec", "echo begun; sleep 300", timeout=SILENCE_BOUND + 60, request_id=long_id
+                )
 
         # a command already streaming when the supervisor freezes, plus a new exec and a file read on the frozen
         # sandbox: all three must end with an error within the bound
@@ -60,8 +62,10 @@ def test_exec_on_a_frozen_supervisor_ends_with_an_error_and_recovers_after_sigco
         threads[0].start()
         wait_until(lambda: client.get(ws_url("frz", "exec")).json()["busy"], 30, what="the long command to run")
         os.kill(pids[0], signal.SIGSTOP)
-        threads += [threading.Thread(target=timed, args=("exec", run_exec)),
-                    threading.Thread(target=timed, args=("file", read_file))]
+        threads += [
+            threading.Thread(target=timed, args=("exec", run_exec)),
+            threading.Thread(target=timed, args=("file", read_file)),
+        ]
         try:
             for t in threads[1:]:
                 t.start()
@@ -160,8 +164,12 @@ def test_idle_workspace_with_a_frozen_supervisor_is_saved_stopped_and_restored(s
         os.kill(pid, signal.SIGSTOP)
         try:
             # no request from here on (status reads would be fine, but disk and /proc say it all)
-            wait_until(lambda: list(snapshots.glob("*.json")), SILENCE_BOUND + 30, interval=1,
-                       what="the idle save of the frozen workspace")
+            wait_until(
+                lambda: list(snapshots.glob("*.json")),
+                SILENCE_BOUND + 30,
+                interval=1,
+                what="the idle save of the frozen workspace",
+            )
             wait_until(lambda: not os.path.exists(f"/proc/{pid}"), 30, what="the frozen sandbox to be stopped")
         finally:
             if os.path.exists(f"/proc/{pid}"):

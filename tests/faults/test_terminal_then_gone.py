@@ -24,8 +24,9 @@ async def _relay(chunks: list[bytes], then: Exception) -> bytes:
     return b"".join([chunk async for chunk in sink.readable])
 
 
-@pytest.mark.parametrize("gone", [ContainerGone("the sandbox stopped while answering: ReadError"),
-                                  ConnectionResetError("reset")])
+@pytest.mark.parametrize(
+    "gone", [ContainerGone("the sandbox stopped while answering: ReadError"), ConnectionResetError("reset")]
+)
 async def test_a_stream_broken_after_its_terminal_event_ends_normally(gone):
     end = encode_event(exit_event(0, "exited", 3))
     chunks = [encode_event(output_event("x" * 100, 0)), end[:10], end[10:]]  # the last line split over chunks

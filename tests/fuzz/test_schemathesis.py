@@ -132,8 +132,9 @@ def steer(case) -> None:
         if isinstance(case.body.get("request_id"), str) and re.fullmatch(r"[0-9a-f]{32}", case.body["request_id"]):
             case.body["request_id"] = rid()  # generated ids repeat (000…): mostly run, not duplicate_request
         timeout = case.body.get("timeout", None)
-        if timeout is None or (isinstance(timeout, int | float) and not isinstance(timeout, bool)
-                               and EXEC_TIMEOUT_CAP < timeout <= 900):
+        if timeout is None or (
+            isinstance(timeout, int | float) and not isinstance(timeout, bool) and EXEC_TIMEOUT_CAP < timeout <= 900
+        ):
             case.body["timeout"] = EXEC_TIMEOUT_CAP
 
 
@@ -190,8 +191,11 @@ def test_operations_refuse_without_valid_token(case, api, authorization):
     response = case.call(base_url=api.url, headers=headers, timeout=30)
     assert response.status_code == 401, (response.status_code, response.text)
     assert response.json()["error"]["code"] == "unauthorized"
-    case.validate_response(response, checks=[status_code_conformance, content_type_conformance,
-                                             response_schema_conformance], headers=headers)
+    case.validate_response(
+        response,
+        checks=[status_code_conformance, content_type_conformance, response_schema_conformance],
+        headers=headers,
+    )
 
 
 def test_fuzzing_left_state_only_for_workspaces_that_exist(api, api_client):

@@ -70,9 +70,15 @@ def provoke_errors(server, secret: str) -> list[str]:
             bodies.append(client.request(method, path, headers=headers, **kwargs).text)
 
         # authentication: missing, wrong, the right token mangled, another scheme, the token in odd places
-        for headers in ({}, {"Authorization": f"Bearer {secret}x"}, {"Authorization": f"Bearer x{secret}"},
-                        {"Authorization": f"Basic {secret}"}, {"Authorization": secret},
-                        {"Authorization": f"Bearer {secret.upper()}"}, {"X-Token": secret}):
+        for headers in (
+            {},
+            {"Authorization": f"Bearer {secret}x"},
+            {"Authorization": f"Bearer x{secret}"},
+            {"Authorization": f"Basic {secret}"},
+            {"Authorization": secret},
+            {"Authorization": f"Bearer {secret.upper()}"},
+            {"X-Token": secret},
+        ):
             send("GET", "/v1/health", headers=headers)
             send("PUT", ws_url(ns, "w"), headers=headers, json={"image": secret})
         # the secret as names, ids, query keys and values, field names and values

@@ -111,8 +111,9 @@ async def test_the_server_refuses_a_stranger_on_the_socket_path(make_sandbox):
     assert response.status == 200 and (await response.json())["ok"] is True
     await sandbox._client.aclose()  # drop the pooled connection to the real supervisor
     path = str(sandbox.socket_path)
-    sandbox._client = httpx.AsyncClient(transport=_peer_checked_transport(path, sandbox._expected_peer),
-                                        base_url="http://sandbox")
+    sandbox._client = httpx.AsyncClient(
+        transport=_peer_checked_transport(path, sandbox._expected_peer), base_url="http://sandbox"
+    )
     os.unlink(sandbox.socket_path)
     stop, accepted = threading.Event(), []
     impostor = _impostor(path, stop, accepted)

@@ -83,8 +83,9 @@ def test_hostile_names_are_invalid_name_and_create_nothing(victim, name):
     ]
     for method, target in targets:
         body = b'{"request_id":"%s","command":"echo pwned > /workspace/keep"}' % rid().encode()
-        head = request_head(method, target, victim.token, {"Content-Type": "application/json",
-                                                           "Content-Length": str(len(body))})
+        head = request_head(
+            method, target, victim.token, {"Content-Type": "application/json", "Content-Length": str(len(body))}
+        )
         status, answer = raw_request(victim.port, head, body)
         # a name the router can still split is invalid_name; a `/` the URL decoder already split is no route
         assert (status, _error_code(answer)) in ((400, "invalid_name"), (404, "not_found")), (method, target, answer)
@@ -118,8 +119,12 @@ def test_hostile_request_ids_are_invalid_request_id(victim, request_id):
 )
 def test_malformed_file_paths_are_invalid_path(victim, path, code):
     for method in ("GET", "PUT"):
-        head = request_head(method, f"/v1/workspaces/hostile/victim/files?path={path}", victim.token,
-                            {"Content-Length": "1"} if method == "PUT" else None)
+        head = request_head(
+            method,
+            f"/v1/workspaces/hostile/victim/files?path={path}",
+            victim.token,
+            {"Content-Length": "1"} if method == "PUT" else None,
+        )
         status, answer = raw_request(victim.port, head, b"x" if method == "PUT" else b"")
         assert (status, _error_code(answer)) in ((400, code), (400, "invalid_query")), (method, path, answer)
 
@@ -160,8 +165,9 @@ def _assert_untouched(server, namespace: str, workspace: str, before: set[str]) 
 def test_oversized_headers_are_431_and_touch_nothing(victim):
     before = _tree(victim.data_dir / "workspaces")
     for size in (40_000, 100_000, 1_000_000):
-        head = request_head("PUT", ws_url("hostile", "bigheader"), victim.token,
-                            {"X-Filler": "y" * size, "Content-Length": "0"})
+        head = request_head(
+            "PUT", ws_url("hostile", "bigheader"), victim.token, {"X-Filler": "y" * size, "Content-Length": "0"}
+        )
         status, answer = raw_request(victim.port, head)
         assert status == 431, (size, status, answer[:200])
         assert _error_code(answer) == "headers_too_large", answer[:200]
@@ -197,10 +203,18 @@ def test_oversized_bodies_are_refused_before_any_work(victim):
     cases = [
         ("PUT", ws_url("hostile", "newbig"), {**json_type, "Content-Length": over_json}, "payload_too_large"),
         ("POST", ws_url("hostile", "cold", "exec"), {**json_type, "Content-Length": over_json}, "payload_too_large"),
-        ("PUT", ws_url("hostile", "cold", "files") + "?path=/workspace/big", {"Content-Length": over_file},
-         "file_too_large"),
-        ("PUT", ws_url("hostile", "cold", "files") + "?path=/workspace/big", {"Transfer-Encoding": "chunked"},
-         "length_required"),
+        (
+            "PUT",
+            ws_url("hostile", "cold", "files") + "?path=/workspace/big",
+            {"Content-Length": over_file},
+            "file_too_large",
+        ),
+        (
+            "PUT",
+            ws_url("hostile", "cold", "files") + "?path=/workspace/big",
+            {"Transfer-Encoding": "chunked"},
+            "length_required",
+        ),
     ]
     for method, target, headers, code in cases:
         status, answer = _announce(victim.port, request_head(method, target, victim.token, headers))
@@ -209,8 +223,12 @@ def test_oversized_bodies_are_refused_before_any_work(victim):
     for target in (ws_url("hostile", "newbig2"), ws_url("hostile", "cold", "exec")):
         chunk = b"x" * 65536
         body = b"".join(b"%x\r\n%s\r\n" % (len(chunk), chunk) for _ in range(limits.MAX_BODY_BYTES // 65536 + 2))
-        head = request_head("PUT" if target.count("/") == 4 else "POST", target, victim.token,
-                            {**json_type, "Transfer-Encoding": "chunked"})
+        head = request_head(
+            "PUT" if target.count("/") == 4 else "POST",
+            target,
+            victim.token,
+            {**json_type, "Transfer-Encoding": "chunked"},
+        )
         status, answer = raw_request(victim.port, head, body + b"0\r\n\r\n")
         assert (status, _error_code(answer)) == (413, "payload_too_large"), (target, answer)
     time.sleep(0.5)  # anything started by mistake would have spawned by now

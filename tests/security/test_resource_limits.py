@@ -16,7 +16,7 @@ pytestmark = pytest.mark.timeout(150)
 
 FORK_BOMB = "bomb() { bomb | bomb & }; bomb; sleep 60"
 # grows by 16 MiB steps (so the kernel sees a steady climb) far beyond 256 MiB
-MEMORY_HOG = f"{sys.executable} -c \"x = []\nwhile True: x.append(bytearray(16 << 20))\""
+MEMORY_HOG = f'{sys.executable} -c "x = []\nwhile True: x.append(bytearray(16 << 20))"'
 
 
 @pytest.fixture(scope="module")

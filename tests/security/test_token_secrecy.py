@@ -47,8 +47,14 @@ def test_token_is_not_in_any_member_of_a_snapshot_archive(secure_server):
     with secure_server.client() as client:
         assert client.put(ws_url("sec", "snap"), json={}).status_code in (200, 201)
         # the workspace runs commands with env, files in every live dir, a login shell: all of it is archived
-        run_ok(client, "sec", "snap", "env > /workspace/env.txt; env > ~/env.txt; env > /tmp/env.txt; history -a",
-               env={"MY_VAR": "1"}, login=True)
+        run_ok(
+            client,
+            "sec",
+            "snap",
+            "env > /workspace/env.txt; env > ~/env.txt; env > /tmp/env.txt; history -a",
+            env={"MY_VAR": "1"},
+            login=True,
+        )
         snap = client.post(ws_url("sec", "snap", "snapshot"))
         assert snap.status_code == 200, snap.text
         snapshot_id = snap.json()["id"]
@@ -73,8 +79,15 @@ def test_error_bodies_never_hold_the_token(secure_server):
         if body.startswith('{"error"'):
             codes.add(httpx.Response(200, content=body).json()["error"]["code"])
     # the traffic really provoked a wide range of errors
-    assert {"unauthorized", "invalid_name", "unknown_field", "image_not_found", "invalid_request_id",
-            "invalid_path", "not_found"} <= codes, codes
+    assert {
+        "unauthorized",
+        "invalid_name",
+        "unknown_field",
+        "image_not_found",
+        "invalid_request_id",
+        "invalid_path",
+        "not_found",
+    } <= codes, codes
 
 
 def test_log_never_holds_the_token_through_a_whole_session(start_server):

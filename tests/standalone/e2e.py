@@ -165,7 +165,6 @@ def servers(defaults: dict[str, str] | None = None) -> Iterator[Callable[..., "S
         remove_temp_dir(root)
 
 
-
 def rid() -> str:
     return uuid.uuid4().hex
 

@@ -86,8 +86,12 @@ def test_killed_server_restarts_with_every_workspace_snapshot_and_alarm(start_se
         # kill the server in the middle of writing a second snapshot
         saving = threading.Thread(target=_swallow, args=(lambda: client.post(ws_url("crash", "a", "snapshot")),))
         saving.start()
-        wait_until(lambda: any(p.name.startswith(".tmp") for p in snapshot_dir.iterdir()), 30, interval=0.01,
-                   what="a snapshot being written")
+        wait_until(
+            lambda: any(p.name.startswith(".tmp") for p in snapshot_dir.iterdir()),
+            30,
+            interval=0.01,
+            what="a snapshot being written",
+        )
         first.kill()  # SIGKILL: no shutdown code runs
         saving.join(30)
     alarm_at = _alarm_at(data_dir, "crash", "a")

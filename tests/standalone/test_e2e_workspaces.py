@@ -71,24 +71,58 @@ def test_exec_with_the_real_curl_binary(server):
         assert put_workspace(client, "run", "curl").status_code == 201
     body = json.dumps({"request_id": rid(), "command": "printf 'a\\nb\\n'; printf 'é✓' > /workspace/u.txt"})
     out = subprocess.run(
-        ["curl", "-sS", "-N", "--fail-with-body", "-H", f"Authorization: Bearer {server.token}",
-         "-H", "Content-Type: application/json", "--data-binary", body, server.url + ws_url("run", "curl", "exec")],
-        capture_output=True, check=True, timeout=120,
+        [
+            "curl",
+            "-sS",
+            "-N",
+            "--fail-with-body",
+            "-H",
+            f"Authorization: Bearer {server.token}",
+            "-H",
+            "Content-Type: application/json",
+            "--data-binary",
+            body,
+            server.url + ws_url("run", "curl", "exec"),
+        ],
+        capture_output=True,
+        check=True,
+        timeout=120,
     )
     events = [json.loads(line) for line in out.stdout.decode().splitlines() if line.strip()]
     assert output_of(events) == "a\nb\n" and terminal(events)["exit_code"] == 0
     # a file uploaded with curl comes back byte for byte, and the one written by the command too
     up = subprocess.run(
-        ["curl", "-sS", "--fail-with-body", "-X", "PUT", "-H", f"Authorization: Bearer {server.token}",
-         "--data-binary", "@-", server.url + ws_url("run", "curl", "files") + "?path=/workspace/up.bin"],
-        input=bytes(range(256)) * 10, capture_output=True, check=True, timeout=60,
+        [
+            "curl",
+            "-sS",
+            "--fail-with-body",
+            "-X",
+            "PUT",
+            "-H",
+            f"Authorization: Bearer {server.token}",
+            "--data-binary",
+            "@-",
+            server.url + ws_url("run", "curl", "files") + "?path=/workspace/up.bin",
+        ],
+        input=bytes(range(256)) * 10,
+        capture_output=True,
+        check=True,
+        timeout=60,
     )
     assert json.loads(up.stdout) == {"path": "/workspace/up.bin", "size": 2560}
     for path, expected in (("/workspace/up.bin", bytes(range(256)) * 10), ("/workspace/u.txt", "é✓".encode())):
         got = subprocess.run(
-            ["curl", "-sS", "--fail-with-body", "-H", f"Authorization: Bearer {server.token}",
-             server.url + ws_url("run", "curl", "files") + f"?path={path}"],
-            capture_output=True, check=True, timeout=60,
+            [
+                "curl",
+                "-sS",
+                "--fail-with-body",
+                "-H",
+                f"Authorization: Bearer {server.token}",
+                server.url + ws_url("run", "curl", "files") + f"?path={path}",
+            ],
+            capture_output=True,
+            check=True,
+            timeout=60,
         )
         assert got.stdout == expected
 

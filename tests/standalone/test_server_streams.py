@@ -53,8 +53,9 @@ async def served():
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         port = sock.getsockname()[1]
-    server = uvicorn.Server(uvicorn.Config(FlareboxApp(edge), host="127.0.0.1", port=port, log_level="warning",
-                                           lifespan="off", http="h11"))
+    server = uvicorn.Server(
+        uvicorn.Config(FlareboxApp(edge), host="127.0.0.1", port=port, log_level="warning", lifespan="off", http="h11")
+    )
     task = asyncio.ensure_future(server.serve())
     while not server.started:  # noqa: ASYNC110 - uvicorn offers no event for this
         await asyncio.sleep(0.02)

@@ -56,7 +56,8 @@ async def test_alarm_due_during_a_slow_upload_does_not_stop_the_container_under_
     await env.put()
     await env.run("echo booted")
     upload = asyncio.ensure_future(
-        env.call("write_file", {"path": "/workspace/big", "mode": 0o644, "length": 3}, UploadBody([b"abc"])))
+        env.call("write_file", {"path": "/workspace/big", "mode": 0o644, "length": 3}, UploadBody([b"abc"]))
+    )
     await env.clock.advance(0)
     await env.clock.advance(env.settings.idle_seconds + 1)
     await env.ws.alarm()

@@ -40,14 +40,23 @@ def test_paths_are_absolute_without_nul(path):
 
 
 @settings(max_examples=400, deadline=None)
-@given(st.dictionaries(st.sampled_from(["request_id", "command", "timeout", "stdin", "login", "cwd", "env", "x"]),
-                       json_values, max_size=7))
+@given(
+    st.dictionaries(
+        st.sampled_from(["request_id", "command", "timeout", "stdin", "login", "cwd", "env", "x"]),
+        json_values,
+        max_size=7,
+    )
+)
 def test_exec_bodies_fail_only_with_documented_codes(body):
     try:
         req = parse_exec_request(body)
     except ProtocolError as err:
         assert err.code in {
-            "unknown_field", "invalid_field", "invalid_request_id", "invalid_timeout", "invalid_cwd",
+            "unknown_field",
+            "invalid_field",
+            "invalid_request_id",
+            "invalid_timeout",
+            "invalid_cwd",
             "command_too_large",
         }
     else:
