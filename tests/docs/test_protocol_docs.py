@@ -38,7 +38,8 @@ W = "/v1/workspaces/{namespace}/{workspace}"
 RID = "0123456789abcdef0123456789abcdef"
 HTTP_METHODS = ("get", "put", "post", "delete", "patch", "head", "options", "trace")
 
-# The routes of DESIGN.md §3 (the architecture's outline of protocol v1); "…" there stands for W.
+# The routes of protocol v1 as first designed (the team's starting design, ../shared/DESIGN.md §3, outside this
+# repository; docs/protocol.md is the normative text). "…" there stands for W.
 DESIGN_ROUTES = {
     ("GET", "/v1/health"),
     ("PUT", W),
