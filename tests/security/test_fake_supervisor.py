@@ -167,6 +167,16 @@ ATTACKS = {
 }
 
 
+async def _attack(container, attack) -> tuple:
+    """(what `attack` returned, what it cost) for one control call against the hostile supervisor."""
+    try:
+        with watched() as seen:
+            result = await asyncio.wait_for(attack(container), 30)
+    finally:
+        await container.client.aclose()
+    return result, seen
+
+
 def assert_bounded(hostile: HostileSupervisor, seen: dict) -> None:
     assert hostile.largest <= CONTROL_BODY_BYTES + SLACK_BYTES, f"{hostile.largest} bytes pulled"
     assert seen["peak"] < MEMORY_BUDGET, f"{seen['peak']} bytes of Python memory"
@@ -178,12 +188,7 @@ def assert_bounded(hostile: HostileSupervisor, seen: dict) -> None:
 async def test_an_endless_control_answer_is_refused_at_the_cap(socket_dir, call, status):
     attack, expected = ATTACKS[call]
     with HostileSupervisor(socket_dir / "sv.sock", status=status) as hostile:
-        container = HostileContainer(hostile.path)
-        try:
-            with watched() as seen:
-                result = await asyncio.wait_for(attack(container), 30)
-        finally:
-            await container.client.aclose()
+        result, seen = await _attack(HostileContainer(hostile.path), attack)
     assert expected(result), result
     assert hostile.requests == 1
     assert hostile.largest > CONTROL_BODY_BYTES  # it really sent past the cap: the client stopped reading there
@@ -205,12 +210,7 @@ async def test_the_refusal_says_why(socket_dir):
 async def test_a_slow_drip_ends_by_the_total_deadline(socket_dir, call):
     attack, expected = ATTACKS[call]
     with HostileSupervisor(socket_dir / "sv.sock", mode="drip") as hostile:
-        container = HostileContainer(hostile.path, read_seconds=1.0)
-        try:
-            with watched() as seen:
-                result = await asyncio.wait_for(attack(container), 30)
-        finally:
-            await container.client.aclose()
+        result, seen = await _attack(HostileContainer(hostile.path, read_seconds=1.0), attack)
     assert expected(result), result
     assert 1.0 <= seen["seconds"] < PROMPT_SECONDS
 
