@@ -18,7 +18,7 @@ from __future__ import annotations
 import json
 import os
 import re
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import IO, Any
 from urllib.parse import quote, urlsplit
 
@@ -375,11 +375,18 @@ class Client:
     # --- files ----------------------------------------------------------------------------------------------
 
     def read_file(
-        self, ns: str, ws: str, path: str, dest: str | os.PathLike | IO[bytes], max_bytes: int | None = None
+        self,
+        ns: str,
+        ws: str,
+        path: str,
+        dest: str | os.PathLike | IO[bytes],
+        max_bytes: int | None = None,
+        *,
+        on_size: Callable[[int], Any] | None = None,
     ) -> int:
         """Stream a file from the workspace into `dest` (a path or a binary file object); returns its size.
         Over `max_bytes` → ApiError 413 file_too_large, before anything is written. A short body → TransportError
-        (and a partial file at a path is removed)."""
+        (and a partial file at a path is removed). `on_size(size)` is called before the first byte is written."""
         url = self._workspace(ns, ws, "files")
         try:
             with self._http.stream("GET", url, params={"path": path}) as response:
@@ -391,6 +398,8 @@ class Client:
                     raise ProtocolViolation("file download without a Content-Length")
                 if max_bytes is not None and size > max_bytes:
                     raise ApiError(413, "file_too_large", f"the file is {size} bytes, over the {max_bytes}-byte limit")
+                if on_size is not None:
+                    on_size(size)
                 return _copy_to(response.iter_raw(COPY_CHUNK), dest, size)
         except httpx.TransportError as exc:
             raise _transport_error(f"GET {_path(url)} broke off", exc) from None

@@ -13,6 +13,7 @@ done
 [[ "$(PATH="$PATH:/usr/sbin:/sbin" ldconfig -p 2>/dev/null || true)" == *libseccomp.so.2* ]] || need_apt+=(libseccomp2)
 if [ "$mode" = dev ]; then
   command -v node >/dev/null 2>&1 || need_apt+=(nodejs npm)
+  command -v tmux >/dev/null 2>&1 || need_apt+=(tmux)  # the CLI tests drive a real terminal (Ctrl-C, progress)
 fi
 if [ ${#need_apt[@]} -gt 0 ]; then
   sudo=""; [ "$(id -u)" -eq 0 ] || sudo="sudo"

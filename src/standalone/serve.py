@@ -69,7 +69,7 @@ def run_server(*, host: str, port: int, data_dir: Path, log_level: str = "info")
     out.write(f"Flarebox {_version()} (protocol 1) — data in {data_dir}\n")
     if host not in ("127.0.0.1", "::1", "localhost"):
         out.write(f"Warning: listening on {host} over plain HTTP; put TLS in front before other machines use it.\n")
-    out.write(token_notice(token, base_url))
+    out.write(token_notice(token, base_url, terminal=out.isatty()))  # never the token into a redirected log
     out.write(f"Instance limits: {driver.limits_report}\n")
     out.write(
         f"Idle workspaces are saved after {settings.idle_seconds} s; internet in sandboxes: "

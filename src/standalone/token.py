@@ -1,6 +1,7 @@
 """The server's SANDBOX_API_TOKEN: from the environment, else generated once into <data-dir>/token (mode 0600).
 
-The token is shown exactly once, when it is generated; afterwards only where it is stored. It never goes to a log.
+The token is shown at most once, when it is generated and only on a terminal; otherwise (and afterwards) only where
+it is stored. It never goes to a log.
 """
 
 import os
@@ -59,8 +60,14 @@ def load_or_create_token(data_dir: Path, environ: dict | None = None) -> ServerT
     return ServerToken(value, "generated", path)
 
 
-def token_notice(token: ServerToken, base_url: str) -> str:
-    """What `flarebox serve` prints about the token. Includes the token only right after generating it."""
+def token_notice(token: ServerToken, base_url: str, *, terminal: bool = True) -> str:
+    """What `flarebox serve` prints about the token. Includes the token only right after generating it, and only
+    when `terminal` (stdout is a terminal): output redirected to a log file gets where it is stored instead."""
+    if token.source == "generated" and not terminal:
+        return (
+            f"Generated an API token and stored it in {token.path} (mode 0600); not shown, because this output is "
+            f"not a terminal. Read it with: cat {token.path}\n"
+        )
     if token.source == "generated":
         return (
             f"Generated an API token and stored it in {token.path} (mode 0600). It is shown only this once:\n\n"

@@ -108,9 +108,9 @@ def test_log_never_holds_the_token_through_a_whole_session(start_server):
     assert TOKEN not in log
 
 
-def test_generated_token_is_printed_once_and_is_nowhere_else(start_server):
-    """No SANDBOX_API_TOKEN: the server generates one, prints it once, and it appears in no log line, error
-    body, sandbox or file a sandbox can read — not even the token file under the data dir."""
+def test_generated_token_is_in_no_log_error_body_or_sandbox(start_server):
+    """No SANDBOX_API_TOKEN: the server generates one (shown once, on a terminal only), and it appears in no log
+    line, error body, sandbox or file a sandbox can read — not even the token file under the data dir."""
     srv = start_server(token=None, env={"ENABLE_INTERNET": "false"})
     token_file = srv.data_dir / "token"
     token = token_file.read_text().strip()
@@ -132,7 +132,8 @@ def test_generated_token_is_printed_once_and_is_nowhere_else(start_server):
         assert client.get(ws_url("gen", "w", "exec", rid())).status_code == 404
     srv.stop()
     log = srv.log_path.read_text(errors="replace")
-    assert log.count(token) == 1, "the generated token must be printed exactly once, at generation"
+    # the server's output is redirected to this log, so the banner says where the token is stored instead
+    assert token not in log and str(token_file) in log, "a generated token must never reach a redirected log"
     for archive in (srv.data_dir / "snapshots").rglob("*.tar.zst"):
         for name, content in snapshot_members(archive).items():
             assert token.encode() not in content and token not in name

@@ -1,21 +1,32 @@
 """The `flarebox` CLI as a user runs it: a real subprocess against a real server."""
 
+import contextlib
 import json
+import re
 import shutil
 import signal
+import socket
 import subprocess
+import threading
 import time
 
 import pytest
+from cli_helpers import CONNECTION_VARS, clean_env, client_env, run
 from e2e import flarebox_command, wait_until
 
 pytestmark = [pytest.mark.timeout(180), pytest.mark.skipif(not shutil.which("bwrap"), reason="needs bubblewrap")]
 
 
+def hermes_env(server, **extra: str) -> dict[str, str]:
+    """Aimed at `server` with the HERMES_CF_* names (and no FLAREBOX_* variable of the developer's own)."""
+    env = {k: v for k, v in server.client_env().items() if not k.startswith(CONNECTION_VARS[:3])}
+    return dict(env, **extra)
+
+
 def flarebox(server, *args: str, timeout: float = 120, **kwargs) -> subprocess.CompletedProcess:
     return subprocess.run(
         flarebox_command() + list(args),
-        env=server.client_env(),
+        env=hermes_env(server),
         capture_output=True,
         text=True,
         timeout=timeout,
@@ -31,7 +42,9 @@ def test_exec_passes_output_exit_code_and_progress(server):
     assert "container: fresh" in first.stderr and "starting" in first.stderr
     again = flarebox(server, "exec", "clirun", "--cwd", "/", "--", "pwd", ";", "ls", "-d", "/workspace")
     assert again.returncode == 0 and again.stdout == "/\n/workspace\n"
-    assert "container: continuing" in again.stderr and "created" not in again.stderr
+    assert "container:" not in again.stderr and "created" not in again.stderr  # the usual case is not news
+    verbose = flarebox(server, "exec", "clirun", "-v", "--", "true")
+    assert verbose.returncode == 0 and "container: continuing" in verbose.stderr
     timed_out = flarebox(server, "exec", "clirun", "--timeout", "1", "--", "sleep 30")
     assert timed_out.returncode == 124 and "timeout" in timed_out.stderr
     piped = flarebox(server, "exec", "clirun", "--stdin", "--", "tr a-z A-Z", input="shout\n")
@@ -57,7 +70,7 @@ def test_status_snapshot_snapshots_stop_rm(server):
     gone = flarebox(server, "status", "-n", "clins", "life")
     assert gone.returncode == 1 and "workspace_not_found" in gone.stderr
     # a wrong token is reported by code, and never echoed
-    env = dict(server.client_env(), HERMES_CF_TOKEN="w" * 48)
+    env = hermes_env(server, HERMES_CF_TOKEN="w" * 48)
     denied = subprocess.run(flarebox_command() + ["status", "life"], env=env, capture_output=True, text=True)
     assert denied.returncode == 1 and "unauthorized" in denied.stderr and "w" * 48 not in denied.stderr
     denied = subprocess.run(flarebox_command() + ["exec", "life", "--", "true"], env=env, capture_output=True)
@@ -67,7 +80,7 @@ def test_status_snapshot_snapshots_stop_rm(server):
 def test_ctrl_c_cancels_the_command_on_the_server(server):
     proc = subprocess.Popen(
         flarebox_command() + ["exec", "clicancel", "--", "echo begun; sleep 60; echo never"],
-        env=server.client_env(),
+        env=hermes_env(server),
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
@@ -100,7 +113,7 @@ def test_hermes_install_subcommand_installs_the_plugin(tmp_path):
 
 def test_a_closed_stdout_cancels_the_command_and_exits_like_sigpipe(server):
     script = " ".join(flarebox_command()) + " exec clipipe -- 'yes' | head -n 1; echo \"rc=${PIPESTATUS[0]}\""
-    result = subprocess.run(["bash", "-c", script], env=server.client_env(), capture_output=True, text=True,
+    result = subprocess.run(["bash", "-c", script], env=hermes_env(server), capture_output=True, text=True,
                             timeout=60)
     assert result.stdout.splitlines() == ["y", "rc=141"], result
     assert "Traceback" not in result.stderr
@@ -108,7 +121,153 @@ def test_a_closed_stdout_cancels_the_command_and_exits_like_sigpipe(server):
 
 
 def test_a_remote_endpoint_never_gets_the_local_token(server):
-    env = dict(server.client_env(), FLAREBOX_DATA_DIR=str(server.data_dir))
+    env = hermes_env(server, FLAREBOX_DATA_DIR=str(server.data_dir))
     del env["HERMES_CF_TOKEN"]
     refused = subprocess.run(flarebox_command() + ["status", "x"], env=env, capture_output=True, text=True)
-    assert refused.returncode != 0 and "HERMES_CF_TOKEN" in refused.stderr
+    assert refused.returncode == 125 and f"no token for {server.url}" in refused.stderr
+    assert "--token-file" in refused.stderr and server.token not in refused.stderr
+
+
+# --- choosing the server: flags, FLAREBOX_*, HERMES_CF_*, the local server --------------------------------------
+
+
+def test_endpoint_and_token_file_flags_before_or_after_the_subcommand(server, tmp_path):
+    token_file = tmp_path / "token"
+    token_file.write_text(server.token + "\n")
+    env = clean_env()  # nothing in the environment: the flags alone choose the server
+    tf = str(token_file)
+    for args in (
+        ["--endpoint", server.url, "--token-file", tf, "exec", "cliflags", "--", "echo one"],
+        ["exec", "--endpoint", server.url, "--token-file", tf, "cliflags", "--", "echo two"],
+        ["-n", "default", "exec", "cliflags", "--endpoint", server.url, "--token-file", tf, "--", "echo 3"],
+    ):
+        done = run(env, *args)
+        assert done.returncode == 0, (args, done.stderr)
+        assert done.stdout.strip() in ("one", "two", "3")
+    status = run(env, "status", "--endpoint", server.url, "--token-file", str(token_file), "cliflags")
+    assert status.returncode == 0 and json.loads(status.stdout)["state"] == "running"
+    missing = run(env, "--endpoint", server.url, "--token-file", str(tmp_path / "nope"), "status", "cliflags")
+    assert missing.returncode == 125 and "nope" in missing.stderr
+
+
+def test_precedence_flag_over_flarebox_over_hermes_variables(server, tmp_path):
+    dead = "http://127.0.0.1:9"  # discard port: nothing listens
+    # FLAREBOX_* beats HERMES_CF_*
+    env = clean_env(FLAREBOX_ENDPOINT=server.url, FLAREBOX_TOKEN=server.token,
+                    HERMES_CF_ENDPOINT=dead, HERMES_CF_TOKEN="h" * 48)
+    assert run(env, "exec", "cliprec", "--", "true").returncode == 0
+    # the HERMES_CF_* names alone keep working
+    env = clean_env(HERMES_CF_ENDPOINT=server.url, HERMES_CF_TOKEN=server.token)
+    assert run(env, "status", "cliprec").returncode == 0
+    # --endpoint beats both; a token set next to another endpoint is not sent to it
+    env = clean_env(FLAREBOX_ENDPOINT=dead, FLAREBOX_TOKEN=server.token)
+    refused = run(env, "--endpoint", server.url, "status", "cliprec")
+    assert refused.returncode == 125 and f"no token for {server.url}" in refused.stderr
+    token_file = tmp_path / "token"
+    token_file.write_text(server.token)
+    assert run(env, "--endpoint", server.url, "--token-file", str(token_file), "status", "cliprec").returncode == 0
+    # a token set without an endpoint goes to whichever endpoint is used
+    env = clean_env(FLAREBOX_TOKEN=server.token)
+    assert run(env, "--endpoint", server.url, "status", "cliprec").returncode == 0
+
+
+def test_an_unreachable_server_is_named_and_exits_125(tmp_path):
+    dead = "http://127.0.0.1:9"
+    env = clean_env(FLAREBOX_ENDPOINT=dead, FLAREBOX_TOKEN="t" * 48)
+    for args in (["status", "x"], ["exec", "x", "--", "true"], ["cp", "x:/workspace/a", str(tmp_path / "a")],
+                 ["attach", "x", "0" * 32]):
+        done = run(env, *args)
+        assert done.returncode == 125, (args, done.stderr)
+        assert f"cannot reach {dead}" in done.stderr and "Traceback" not in done.stderr
+    # configuration errors of flarebox's own are 125 too (not 1, not a Python traceback)
+    bad = run(clean_env(FLAREBOX_ENDPOINT="http://example.com", FLAREBOX_TOKEN="t" * 48), "status", "x")
+    assert bad.returncode == 125 and "FLAREBOX_ENDPOINT" in bad.stderr and "https" in bad.stderr
+    usage = run(clean_env(), "exec")
+    assert usage.returncode == 125
+    no_local = run(clean_env(FLAREBOX_DATA_DIR=str(tmp_path / "empty")), "status", "x")
+    assert no_local.returncode == 125 and "flarebox serve" in no_local.stderr
+
+
+def test_binary_stdin_is_refused_clearly(server):
+    done = run(client_env(server), "exec", "clistdin", "--stdin", "--", "wc -c", input=b"\xff\xfe\x00binary",
+               text=False)
+    assert done.returncode == 125
+    assert b"stdin must be UTF-8 text (use flarebox cp to upload binary files)" in done.stderr
+    assert b"Traceback" not in done.stderr
+    text = run(client_env(server), "exec", "clistdin", "--stdin", "--", "wc -c", input="héllo\n")
+    assert text.returncode == 0 and text.stdout.strip() == "7"
+
+
+# --- a dropped stream, and attach ----------------------------------------------------------------------------------
+
+
+class CuttableProxy:
+    """A TCP proxy in front of the server whose connections can be cut at will (a dropped network)."""
+
+    def __init__(self, port: int):
+        self.target = port
+        self.listener = socket.create_server(("127.0.0.1", 0))
+        self.url = f"http://127.0.0.1:{self.listener.getsockname()[1]}"
+        self.sockets: list[socket.socket] = []
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    def _accept(self) -> None:
+        while True:
+            try:
+                client, _ = self.listener.accept()
+            except OSError:
+                return
+            upstream = socket.create_connection(("127.0.0.1", self.target))
+            self.sockets += [client, upstream]
+            for a, b in ((client, upstream), (upstream, client)):
+                threading.Thread(target=self._pump, args=(a, b), daemon=True).start()
+
+    @staticmethod
+    def _pump(src: socket.socket, dst: socket.socket) -> None:
+        try:
+            while data := src.recv(65536):
+                dst.sendall(data)
+        except OSError:
+            pass
+
+    def cut(self) -> None:
+        for sock in self.sockets:
+            with contextlib.suppress(OSError):
+                sock.shutdown(socket.SHUT_RDWR)
+            sock.close()
+
+    def close(self) -> None:
+        self.listener.close()
+        self.cut()
+
+
+def test_a_dropped_stream_names_the_request_and_attach_follows_it_to_its_exit_code(server):
+    proxy = CuttableProxy(server.port)
+    try:
+        proc = subprocess.Popen(
+            flarebox_command() + ["exec", "cliattach", "--", "echo begun; sleep 3; echo done; exit 5"],
+            env=clean_env(FLAREBOX_ENDPOINT=proxy.url, FLAREBOX_TOKEN=server.token),
+            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        )
+        try:
+            assert proc.stdout.readline() == "begun\n"
+            proxy.cut()
+            out, err = proc.communicate(timeout=60)
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+    finally:
+        proxy.close()
+    assert proc.returncode == 125, err
+    assert "the connection dropped; the command may still be running: flarebox attach cliattach " in err, err
+    hint = re.search(r"flarebox attach cliattach ([0-9a-f]{32})(?: --offset (\d+))?$", err, re.MULTILINE)
+    assert hint and hint.group(2) == "6", err  # "begun\n" was shown already
+    request_id = hint.group(1)
+    followed = run(client_env(server), "attach", "cliattach", request_id, timeout=60)
+    assert followed.returncode == 5, followed.stderr
+    assert followed.stdout == "begun\ndone\n"
+    rest = run(client_env(server), "attach", "cliattach", request_id, "--offset", hint.group(2))
+    assert rest.returncode == 5 and rest.stdout == "done\n"
+    unknown = run(client_env(server), "attach", "cliattach", "f" * 32)
+    assert unknown.returncode == 125 and "request_not_found" in unknown.stderr
