@@ -27,9 +27,18 @@ def _fail(exc: OSError, what: str) -> ProtocolError:
     return ProtocolError("internal_error", f"cannot {what} that path ({os.strerror(exc.errno or 0)})")
 
 
+def _not_a_file(info: os.stat_result) -> ProtocolError:
+    what = "a directory" if stat.S_ISDIR(info.st_mode) else "not a regular file (a device, socket or FIFO)"
+    return ProtocolError("not_a_file", f"the path is {what}")
+
+
 def open_read(path: str) -> tuple[dict, int]:
-    """Open a regular file for reading. O_NONBLOCK keeps a FIFO from hanging us; only regular files get through."""
+    """Open a regular file for reading. Checked before opening (opening a device can have effects, a socket cannot
+    be opened at all) and again after (the path may have changed); O_NONBLOCK keeps a FIFO from hanging us."""
     try:
+        info = os.stat(path)
+        if not stat.S_ISREG(info.st_mode):
+            raise _not_a_file(info)
         fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | _OPEN_FLAGS)
     except OSError as exc:
         raise _fail(exc, "read") from None
@@ -55,10 +64,11 @@ def create_temp(path: str) -> tuple[dict, int]:
     except OSError as exc:
         raise _fail(exc, "create") from None
     try:
-        if stat.S_ISDIR(os.stat(path).st_mode):
-            raise ProtocolError("not_a_file", "the path is a directory")
+        info = os.stat(path)
     except OSError:
-        pass  # missing (or unreadable: the rename below decides)
+        info = None  # missing (or unreadable: the rename below decides)
+    if info is not None and not stat.S_ISREG(info.st_mode):
+        raise _not_a_file(info)  # renaming over a device, socket or FIFO would replace it (or fail with EBUSY)
     temp = os.path.join(parent, f".{name[:200]}.flarebox-{secrets.token_hex(6)}.tmp")
     try:
         fd = os.open(temp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | _OPEN_FLAGS, 0o600)
@@ -75,6 +85,8 @@ def commit(temp: str, path: str, mode: int) -> tuple[dict, None]:
         _discard(temp)
         if exc.errno in (errno.EISDIR, errno.ENOTEMPTY, errno.EEXIST):
             raise ProtocolError("not_a_file", "the path is a directory") from None
+        if exc.errno == errno.EBUSY:
+            raise ProtocolError("permission_denied", "that path is a mount point and cannot be replaced") from None
         raise _fail(exc, "write") from None
     return {}, None
 

@@ -1,7 +1,8 @@
 """GET and PUT /files: stream a file out of, or into, the workspace without holding it in memory.
 
-Descriptors come from the file agent (the sandbox user's rights); bytes are moved here: with sendfile(2) for GET,
-in the chunks the connection delivers for PUT.
+Descriptors come from the file agent (the sandbox user's rights); bytes are moved here: with sendfile(2) for GET
+(small files, and files whose size is unknown like /proc's, are read whole), in the chunks the connection delivers
+for PUT.
 """
 
 import asyncio
@@ -14,6 +15,10 @@ from protocol.errors import ProtocolError
 from protocol.validate import parse_file_mode, validate_abs_path, validate_offset
 
 _UNIX_SEND_BUFFER = 4 * 1024 * 1024
+# Files reporting at most this size are read whole instead of sent with sendfile, up to _READ_WHOLE_MAX bytes: a
+# procfs file (size 0) can hold far more than it reports (/proc/self/pagemap), and this one is held in memory.
+_READ_WHOLE_BYTES = 64 * 1024
+_READ_WHOLE_MAX = 16 * 1024 * 1024
 
 
 def _widen_unix_send_buffer(transport) -> None:
@@ -26,6 +31,16 @@ def _widen_unix_send_buffer(transport) -> None:
             sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, _UNIX_SEND_BUFFER)
         except OSError:
             pass
+
+
+def _read_at_most(fd: int, limit: int) -> bytes:
+    chunks, size = [], 0
+    while chunk := os.read(fd, 1024 * 1024):
+        size += len(chunk)
+        if size > limit:
+            raise ProtocolError("file_too_large", f"the file has more than {limit} bytes, the limit for this read")
+        chunks.append(chunk)
+    return b"".join(chunks)
 
 
 def _query(request: web.Request, allowed: set[str]) -> dict[str, str]:
@@ -59,6 +74,11 @@ async def get_file(request: web.Request) -> web.StreamResponse:
         size = os.fstat(fd).st_size
         if size > limit:
             raise ProtocolError("file_too_large", f"the file has {size} bytes; the limit is {limit}")
+        if size <= _READ_WHOLE_BYTES:
+            # Small files are read whole and sent with their real length: procfs reports 0 bytes and sysfs 4096
+            # for files that hold something else, and sendfile refuses a count of 0.
+            body = await asyncio.to_thread(_read_at_most, fd, min(limit, _READ_WHOLE_MAX))
+            return web.Response(body=body, headers={"Content-Type": "application/octet-stream"})
         response = web.StreamResponse(headers={"Content-Type": "application/octet-stream"})
         response.content_length = size
         writer = await response.prepare(request)

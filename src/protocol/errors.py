@@ -14,6 +14,7 @@ ERRORS: dict[str, tuple[int, str]] = {
     "payload_too_large": (413, "the request body is over its limit"),
     "length_required": (411, "file uploads need a Content-Length header"),
     "headers_too_large": (431, "the request headers are too large"),
+    "request_timeout": (408, "the request head or body arrived too slowly; send it again without pausing"),
     # request validation
     "invalid_json": (400, "the body is not a JSON object"),
     "unknown_field": (400, "the body has a field the route does not accept"),

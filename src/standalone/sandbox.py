@@ -451,15 +451,25 @@ class SandboxContainer:
         client = self._client
         if client is None or not self.running():
             raise ContainerGone("the sandbox is not running")
+        attempt = _Attempt()
         request = client.build_request(
             method,
             path,
             content=body,
             headers=headers,
             timeout=_silence_timeout(timeout),
+            extensions={"trace": attempt},
         )
         try:
-            response = await client.send(request, stream=True)
+            try:
+                response = await client.send(request, stream=True)
+            except httpx.TransportError as exc:
+                # A pooled connection the supervisor had closed (or was closing) when we used it: once more on a
+                # fresh one when that is safe — the request head never went out whole, or an idempotent GET/HEAD
+                # got no answer on a reused connection.
+                if isinstance(exc, httpx.TimeoutException) or not attempt.safe_to_repeat(method):
+                    raise
+                response = await client.send(request, stream=True)
         except httpx.TimeoutException as exc:
             raise ContainerGone(_silent(exc, timeout)) from None
         except httpx.HTTPError as exc:
@@ -477,6 +487,23 @@ class SandboxContainer:
 
     async def delete_snapshot(self, snapshot_id: str) -> None:
         await asyncio.to_thread(self.store.delete, self.namespace, self.workspace, snapshot_id)
+
+
+class _Attempt:
+    """httpcore trace hook recording how far a failed request got (httpcore hides a failed write of the request
+    head and reports the read that follows, so the trace is the only evidence)."""
+
+    def __init__(self):
+        self.head_unsent = self.fresh_connection = False
+
+    async def __call__(self, event: str, info: dict) -> None:
+        if event == "http11.send_request_headers.failed":
+            self.head_unsent = True
+        elif event.startswith("connection.connect_"):
+            self.fresh_connection = True
+
+    def safe_to_repeat(self, method: str) -> bool:
+        return self.head_unsent or (method in ("GET", "HEAD") and not self.fresh_connection)
 
 
 def _silence_timeout(timeout: float | None) -> httpx.Timeout:
