@@ -126,7 +126,7 @@ async def put_file(request: web.Request) -> web.Response:
                 raise ProtocolError("file_too_large", "the body is longer than its Content-Length")
             view = memoryview(chunk)
             while view:
-                view = view[os.write(fd, view):]
+                view = view[os.write(fd, view) :]
         if written != length:
             raise ProtocolError("invalid_field", "the body ended before its Content-Length")
         os.close(fd)

@@ -44,7 +44,7 @@ class Journal:
             return ""
         index = bisect.bisect_right(self._starts, offset) - 1
         pieces, taken = [], 0
-        first = self._chunks[index][offset - self._starts[index]:]
+        first = self._chunks[index][offset - self._starts[index] :]
         while True:
             piece = first if not pieces else self._chunks[index]
             if taken + len(piece) > max_chars:

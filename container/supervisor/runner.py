@@ -143,8 +143,9 @@ class Command:
         exited = asyncio.ensure_future(self._exited.wait())
         stopped = asyncio.ensure_future(self._stop.wait())
         try:
-            await asyncio.wait({exited, stopped}, timeout=max(0.0, deadline - time.monotonic()),
-                               return_when=asyncio.FIRST_COMPLETED)
+            await asyncio.wait(
+                {exited, stopped}, timeout=max(0.0, deadline - time.monotonic()), return_when=asyncio.FIRST_COMPLETED
+            )
         finally:
             stopped.cancel()
         if self._exited.is_set():

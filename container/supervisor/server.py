@@ -47,8 +47,7 @@ async def errors_middleware(request: web.Request, handler) -> web.StreamResponse
 async def health(request: web.Request) -> web.Response:
     registry: Registry = request.app["registry"]
     identity: Identity = request.app["identity"]
-    return web.json_response({"ok": True, "version": __version__, "running": registry.running(),
-                              "user": identity.name})
+    return web.json_response({"ok": True, "version": __version__, "running": registry.running(), "user": identity.name})
 
 
 async def _read_json(request: web.Request) -> dict:

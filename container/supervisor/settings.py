@@ -44,10 +44,13 @@ def settings_from_env(workdir: str, environ: dict | None = None) -> Settings:
     env = os.environ if environ is None else environ
     return Settings(
         workdir=workdir,
-        max_file_read_bytes=int(_positive(env, "FLAREBOX_MAX_FILE_READ_BYTES", limits.MAX_FILE_READ_BYTES,
-                                          limits.MAX_FILE_READ_BYTES)),
-        max_file_write_bytes=int(_positive(env, "FLAREBOX_MAX_FILE_WRITE_BYTES", limits.MAX_FILE_WRITE_BYTES,
-                                           limits.MAX_FILE_WRITE_BYTES)),
-        heartbeat_seconds=_positive(env, "FLAREBOX_HEARTBEAT_SECONDS", limits.HEARTBEAT_SECONDS,
-                                    limits.HEARTBEAT_SECONDS),
+        max_file_read_bytes=int(
+            _positive(env, "FLAREBOX_MAX_FILE_READ_BYTES", limits.MAX_FILE_READ_BYTES, limits.MAX_FILE_READ_BYTES)
+        ),
+        max_file_write_bytes=int(
+            _positive(env, "FLAREBOX_MAX_FILE_WRITE_BYTES", limits.MAX_FILE_WRITE_BYTES, limits.MAX_FILE_WRITE_BYTES)
+        ),
+        heartbeat_seconds=_positive(
+            env, "FLAREBOX_HEARTBEAT_SECONDS", limits.HEARTBEAT_SECONDS, limits.HEARTBEAT_SECONDS
+        ),
     )

@@ -73,7 +73,7 @@ def token_notice(token: ServerToken, base_url: str, *, terminal: bool = True) ->
             f"Generated an API token and stored it in {token.path} (mode 0600). It is shown only this once:\n\n"
             f"    {token.value}\n\n"
             f"Try it:\n"
-            f"    curl -H \"Authorization: Bearer $(cat {token.path})\" {base_url}/v1/health\n"
+            f'    curl -H "Authorization: Bearer $(cat {token.path})" {base_url}/v1/health\n'
         )
     if token.source == "file":
         return f"API token: stored in {token.path} (not shown).\n"

@@ -39,9 +39,24 @@ class Terminal:
         self.socket = str(self._dir / "sock")
         self.env = env
         subprocess.run(
-            ["tmux", "-S", self.socket, "-f", "/dev/null", "new-session", "-d", "-x", "200", "-y", "50",
-             "bash --norc --noprofile"],
-            env=dict(env, PS1="$ ", TERM="xterm"), cwd=cwd, check=True, timeout=30,
+            [
+                "tmux",
+                "-S",
+                self.socket,
+                "-f",
+                "/dev/null",
+                "new-session",
+                "-d",
+                "-x",
+                "200",
+                "-y",
+                "50",
+                "bash --norc --noprofile",
+            ],
+            env=dict(env, PS1="$ ", TERM="xterm"),
+            cwd=cwd,
+            check=True,
+            timeout=30,
         )
 
     def type(self, line: str) -> None:
@@ -52,8 +67,12 @@ class Terminal:
         subprocess.run(["tmux", "-S", self.socket, "send-keys", key], check=True, timeout=10)
 
     def screen(self) -> str:
-        done = subprocess.run(["tmux", "-S", self.socket, "capture-pane", "-p", "-J", "-S", "-200"],
-                              capture_output=True, text=True, timeout=10)
+        done = subprocess.run(
+            ["tmux", "-S", self.socket, "capture-pane", "-p", "-J", "-S", "-200"],
+            capture_output=True,
+            text=True,
+            timeout=10,
+        )
         return done.stdout
 
     def wait_for(self, line: str, timeout: float = 60) -> str:

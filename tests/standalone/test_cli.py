@@ -105,7 +105,9 @@ def test_ctrl_c_cancels_the_command_on_the_server(server):
 def test_hermes_install_subcommand_installs_the_plugin(tmp_path):
     result = subprocess.run(
         flarebox_command() + ["hermes", "install", "--hermes-home", str(tmp_path / "hermes")],
-        capture_output=True, text=True, timeout=60,
+        capture_output=True,
+        text=True,
+        timeout=60,
     )
     assert result.returncode == 0, result.stderr
     assert (tmp_path / "hermes" / "plugins" / "cloudflare-sandbox" / "plugin.yaml").is_file()
@@ -113,8 +115,7 @@ def test_hermes_install_subcommand_installs_the_plugin(tmp_path):
 
 def test_a_closed_stdout_cancels_the_command_and_exits_like_sigpipe(server):
     script = " ".join(flarebox_command()) + " exec clipipe -- 'yes' | head -n 1; echo \"rc=${PIPESTATUS[0]}\""
-    result = subprocess.run(["bash", "-c", script], env=hermes_env(server), capture_output=True, text=True,
-                            timeout=60)
+    result = subprocess.run(["bash", "-c", script], env=hermes_env(server), capture_output=True, text=True, timeout=60)
     assert result.stdout.splitlines() == ["y", "rc=141"], result
     assert "Traceback" not in result.stderr
     wait_until(lambda: json.loads(flarebox(server, "status", "clipipe").stdout)["busy"] is False, 15, what="busy=false")
@@ -153,8 +154,9 @@ def test_endpoint_and_token_file_flags_before_or_after_the_subcommand(server, tm
 def test_precedence_flag_over_flarebox_over_hermes_variables(server, tmp_path):
     dead = "http://127.0.0.1:9"  # discard port: nothing listens
     # FLAREBOX_* beats HERMES_CF_*
-    env = clean_env(FLAREBOX_ENDPOINT=server.url, FLAREBOX_TOKEN=server.token,
-                    HERMES_CF_ENDPOINT=dead, HERMES_CF_TOKEN="h" * 48)
+    env = clean_env(
+        FLAREBOX_ENDPOINT=server.url, FLAREBOX_TOKEN=server.token, HERMES_CF_ENDPOINT=dead, HERMES_CF_TOKEN="h" * 48
+    )
     assert run(env, "exec", "cliprec", "--", "true").returncode == 0
     # the HERMES_CF_* names alone keep working
     env = clean_env(HERMES_CF_ENDPOINT=server.url, HERMES_CF_TOKEN=server.token)
@@ -174,8 +176,12 @@ def test_precedence_flag_over_flarebox_over_hermes_variables(server, tmp_path):
 def test_an_unreachable_server_is_named_and_exits_125(tmp_path):
     dead = "http://127.0.0.1:9"
     env = clean_env(FLAREBOX_ENDPOINT=dead, FLAREBOX_TOKEN="t" * 48)
-    for args in (["status", "x"], ["exec", "x", "--", "true"], ["cp", "x:/workspace/a", str(tmp_path / "a")],
-                 ["attach", "x", "0" * 32]):
+    for args in (
+        ["status", "x"],
+        ["exec", "x", "--", "true"],
+        ["cp", "x:/workspace/a", str(tmp_path / "a")],
+        ["attach", "x", "0" * 32],
+    ):
         done = run(env, *args)
         assert done.returncode == 125, (args, done.stderr)
         assert f"cannot reach {dead}" in done.stderr and "Traceback" not in done.stderr
@@ -189,8 +195,9 @@ def test_an_unreachable_server_is_named_and_exits_125(tmp_path):
 
 
 def test_binary_stdin_is_refused_clearly(server):
-    done = run(client_env(server), "exec", "clistdin", "--stdin", "--", "wc -c", input=b"\xff\xfe\x00binary",
-               text=False)
+    done = run(
+        client_env(server), "exec", "clistdin", "--stdin", "--", "wc -c", input=b"\xff\xfe\x00binary", text=False
+    )
     assert done.returncode == 125
     assert b"stdin must be UTF-8 text (use flarebox cp to upload binary files)" in done.stderr
     assert b"Traceback" not in done.stderr
@@ -247,7 +254,9 @@ def test_a_dropped_stream_names_the_request_and_attach_follows_it_to_its_exit_co
         proc = subprocess.Popen(
             flarebox_command() + ["exec", "cliattach", "--", "echo begun; sleep 3; echo done; exit 5"],
             env=clean_env(FLAREBOX_ENDPOINT=proxy.url, FLAREBOX_TOKEN=server.token),
-            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
         )
         try:
             assert proc.stdout.readline() == "begun\n"

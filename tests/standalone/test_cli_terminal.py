@@ -33,8 +33,11 @@ def test_ctrl_c_in_a_terminal_cancels_the_command_and_exits_130(server, terminal
     assert "rc=130" in screen.splitlines() and "never" not in screen.splitlines(), screen
     assert "cancelling" in screen
     status = run(client_env(server), "status", "ttycancel")
-    wait_until(lambda: json.loads(run(client_env(server), "status", "ttycancel").stdout)["busy"] is False, 15,
-               what="busy=false")
+    wait_until(
+        lambda: json.loads(run(client_env(server), "status", "ttycancel").stdout)["busy"] is False,
+        15,
+        what="busy=false",
+    )
     assert status.returncode == 0
 
 

@@ -43,8 +43,12 @@ def test_a_proc_file_has_its_content(client):
 
 
 def test_devices_and_sockets_are_not_files(client):
-    run_ok(client, "special", "files",
-           "python3 -c \"import socket; socket.socket(socket.AF_UNIX).bind('/workspace/sock')\"")
+    run_ok(
+        client,
+        "special",
+        "files",
+        "python3 -c \"import socket; socket.socket(socket.AF_UNIX).bind('/workspace/sock')\"",
+    )
     for path in ("/dev/null", "/workspace/sock"):
         for method in ("GET", "PUT"):
             response = client.request(method, FILES, params={"path": path}, content=b"x" if method == "PUT" else None)

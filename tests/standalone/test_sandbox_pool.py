@@ -63,8 +63,9 @@ class FakeSupervisor:
 def container(tmp_path, monkeypatch):
     box = SandboxContainer("ns", "pool", tmp_path / "live", tmp_path / "run", SnapshotStore(tmp_path / "snaps"))
     monkeypatch.setattr(box, "running", lambda: True)
-    box._client = httpx.AsyncClient(transport=httpx.AsyncHTTPTransport(uds=str(tmp_path / "sv.sock")),
-                                    base_url="http://sandbox")
+    box._client = httpx.AsyncClient(
+        transport=httpx.AsyncHTTPTransport(uds=str(tmp_path / "sv.sock")), base_url="http://sandbox"
+    )
     yield box, str(tmp_path / "sv.sock")
 
 

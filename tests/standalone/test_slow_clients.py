@@ -78,8 +78,10 @@ def test_a_silent_connection_is_closed(server):
 
 def test_a_stalled_body_is_408(server):
     body = b'{"persistent": true}'
-    head = (f"PUT {ws_url('slow', 'body')} HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {TOKEN}\r\n"
-            f"Content-Type: application/json\r\nContent-Length: {len(body)}\r\n\r\n").encode()
+    head = (
+        f"PUT {ws_url('slow', 'body')} HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {TOKEN}\r\n"
+        f"Content-Type: application/json\r\nContent-Length: {len(body)}\r\n\r\n"
+    ).encode()
     with _connect(server) as slow:
         slow.sendall(head + body[:5])  # then nothing
         started = time.monotonic()
@@ -95,8 +97,10 @@ def test_a_stalled_body_is_408(server):
 def test_a_slow_but_steady_body_is_fine(server):
     """The body limit is on silence, not on the total: a byte every half second for longer than BODY is served."""
     body = b'{"persistent": true' + b" " * 8 + b"}"
-    head = (f"PUT {ws_url('slow', 'steady')} HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {TOKEN}\r\n"
-            f"Content-Type: application/json\r\nContent-Length: {len(body)}\r\nConnection: close\r\n\r\n").encode()
+    head = (
+        f"PUT {ws_url('slow', 'steady')} HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {TOKEN}\r\n"
+        f"Content-Type: application/json\r\nContent-Length: {len(body)}\r\nConnection: close\r\n\r\n"
+    ).encode()
     with _connect(server) as steady:
         steady.sendall(head + body[:-8])
         _trickle(steady, body[-8:], BODY / 4)  # 8 × 0.5 s = 4 s > BODY

@@ -59,8 +59,9 @@ def test_exec_needs_a_json_content_type(shared_supervisor):
     assert response.status_code == 415 and response.json()["error"]["code"] == "unsupported_media_type"
     assert not (shared_supervisor.workspace / "ran").exists()
     body = json.dumps(_body(command="true")).encode()
-    response = shared_supervisor.client.post("/exec", content=body,
-                                             headers={"Content-Type": "application/json; charset=utf-8"})
+    response = shared_supervisor.client.post(
+        "/exec", content=body, headers={"Content-Type": "application/json; charset=utf-8"}
+    )
     assert response.status_code == 200 and json.loads(response.text.splitlines()[-1])["exit_code"] == 0
 
 

@@ -8,8 +8,10 @@ from protocol.events import decode_line, encode_event, output_event
 from protocol.limits import MAX_OUTPUT_FRAME_CHARS
 
 
-@given(st.text(alphabet=st.characters(exclude_categories=("Cs",)), max_size=3 * MAX_OUTPUT_FRAME_CHARS // 1000),
-       st.integers(min_value=0, max_value=10**9))
+@given(
+    st.text(alphabet=st.characters(exclude_categories=("Cs",)), max_size=3 * MAX_OUTPUT_FRAME_CHARS // 1000),
+    st.integers(min_value=0, max_value=10**9),
+)
 def test_fast_frames_equal_protocol_events(text, offset):
     expected = b"".join(
         encode_event(output_event(text[i : i + MAX_OUTPUT_FRAME_CHARS], offset + i))
@@ -19,7 +21,7 @@ def test_fast_frames_equal_protocol_events(text, offset):
 
 
 def test_frames_split_at_the_frame_size():
-    text = "\"\\\n\x00é😀" * (MAX_OUTPUT_FRAME_CHARS // 3)
+    text = '"\\\n\x00é😀' * (MAX_OUTPUT_FRAME_CHARS // 3)
     lines = encode_frames(text, 7).splitlines()
     events = [decode_line(line) for line in lines]
     assert all(len(e["data"]) <= MAX_OUTPUT_FRAME_CHARS for e in events)

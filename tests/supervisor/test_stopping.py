@@ -19,8 +19,12 @@ def test_timeout_kills_a_process_that_ignores_sigterm(supervisor):
     elapsed = time.monotonic() - started
     pgid = int((supervisor.workspace / "pgid").read_text())
     try:
-        assert result.terminal == {**result.terminal, "type": "exit", "exit_code": TIMEOUT_EXIT_CODE,
-                                   "reason": "timeout"}
+        assert result.terminal == {
+            **result.terminal,
+            "type": "exit",
+            "exit_code": TIMEOUT_EXIT_CODE,
+            "reason": "timeout",
+        }
         assert "survived" not in result.output
         # SIGTERM was ignored: only the SIGKILL KILL_GRACE_SECONDS later ended it
         assert result.terminal["duration_ms"] >= (1 + KILL_GRACE_SECONDS) * 1000 - 200
