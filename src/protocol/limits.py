@@ -2,6 +2,7 @@
 
 MAX_COMMAND_BYTES = 64 * 1024  # UTF-8 bytes of `command`
 MAX_BODY_BYTES = 1024 * 1024  # any JSON request body
+MAX_JSON_DEPTH = 32  # nesting of objects and arrays in a JSON body, checked before it is parsed
 MAX_OUTPUT_CHARS = 2_000_000  # Unicode code points of merged stdout+stderr per command
 MAX_TIMEOUT_SECONDS = 900
 DEFAULT_TIMEOUT_SECONDS = 120
@@ -35,6 +36,7 @@ DEFAULT_CWD = "/workspace"
 LIMITS = {
     "MAX_COMMAND_BYTES": MAX_COMMAND_BYTES,
     "MAX_BODY_BYTES": MAX_BODY_BYTES,
+    "MAX_JSON_DEPTH": MAX_JSON_DEPTH,
     "MAX_OUTPUT_CHARS": MAX_OUTPUT_CHARS,
     "MAX_TIMEOUT_SECONDS": MAX_TIMEOUT_SECONDS,
     "DEFAULT_TIMEOUT_SECONDS": DEFAULT_TIMEOUT_SECONDS,

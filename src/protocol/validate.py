@@ -48,11 +48,38 @@ def validate_offset(value: object) -> int:
     raise ProtocolError("invalid_query", "offset must be a non-negative integer")
 
 
+_JSON_STRING = re.compile(rb'"[^"\\]*(?:\\.[^"\\]*)*"', re.DOTALL)
+_JSON_BRACKET = re.compile(rb"[\[\]{}]")
+
+
+def _json_depth(body: bytes) -> int:
+    """How deep objects and arrays nest, counted over the brackets outside strings (no parse). Most bodies hold
+    fewer opening brackets than the limit in all, which answers without the scan."""
+    if body.count(b"[") + body.count(b"{") <= limits.MAX_JSON_DEPTH:
+        return 0
+    depth = deepest = 0
+    for bracket in _JSON_BRACKET.findall(_JSON_STRING.sub(b"", body)):
+        depth += 1 if bracket in b"[{" else -1
+        deepest = max(deepest, depth)
+    return deepest
+
+
+def _unique_keys(pairs: list[tuple[str, object]]) -> dict:
+    obj = dict(pairs)
+    if len(obj) != len(pairs):
+        seen: set[str] = set()
+        twice = next(k for k, _ in pairs if k in seen or seen.add(k))
+        raise ProtocolError("invalid_json", f"the key {twice!r} appears twice in one object")
+    return obj
+
+
 def parse_json_object(body: bytes) -> dict:
     if len(body) > limits.MAX_BODY_BYTES:
         raise ProtocolError("payload_too_large", f"JSON bodies are limited to {limits.MAX_BODY_BYTES} bytes")
+    if _json_depth(body) > limits.MAX_JSON_DEPTH:  # before parsing: a deep body would exhaust the parser's stack
+        raise ProtocolError("invalid_json", f"objects and arrays nest deeper than {limits.MAX_JSON_DEPTH} levels")
     try:
-        value = json.loads(body.decode("utf-8"))
+        value = json.loads(body.decode("utf-8"), object_pairs_hook=_unique_keys)
     except (UnicodeDecodeError, ValueError):
         raise ProtocolError("invalid_json") from None
     if not isinstance(value, dict):
@@ -107,7 +134,9 @@ _EXEC_FIELDS = frozenset(("request_id", "command", "timeout", "stdin", "login", 
 
 def parse_timeout(value: object) -> float:
     # bool is an int subclass; reject it explicitly
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise ProtocolError("invalid_timeout")
+    if isinstance(value, float) and not math.isfinite(value):  # (an int may be too large for a float: never convert)
         raise ProtocolError("invalid_timeout")
     if not 0 < value <= limits.MAX_TIMEOUT_SECONDS:
         raise ProtocolError("invalid_timeout")
