@@ -15,7 +15,7 @@ from durable import operations as ops
 from durable import retention, supervisor_client
 from durable.boot import BootOutcome, Listener, SharedBoot
 from durable.launches import Launches
-from durable.ledger import CANCEL, EXEC, Ledger
+from durable.ledger import CANCELLED_EARLY, EXEC, Ledger
 from durable.ports import (
     JSON_TYPE,
     Alarm,
@@ -240,11 +240,9 @@ class Workspace:
         self._require()
         request = args.request  # validated at the edge (and again by the supervisor)
         rid = request.request_id
-        seen = self.ledger.lookup(rid)
-        if seen == EXEC:
+        if self.ledger.lookup(rid) in (EXEC, CANCELLED_EARLY):
             raise ProtocolError("duplicate_request")
-        self.ledger.record_exec(rid)
-        if seen == CANCEL:
+        if self.ledger.record_exec(rid) == CANCELLED_EARLY:
             return self._stream(lambda writer: self._finish(writer, error_event("command_cancelled")))
         self._launches.begin(rid)
         try:
@@ -293,6 +291,8 @@ class Workspace:
         # an exec still booting has not reached the supervisor yet
         await self._launches.wait_handed_over(rid, self.clock)
         await self._touch()
+        if self.ledger.lookup(rid) == CANCELLED_EARLY:  # it never reached a supervisor: its stream ended with this
+            return self._stream(lambda writer: self._finish(writer, error_event("command_cancelled")))
         if self._container_up():
             try:
                 resp = await self.container.fetch("GET", f"/exec/{rid}?{supervisor_client.query(offset=args.offset)}")
@@ -325,6 +325,8 @@ class Workspace:
             # handed over already (or ended before it could be): a supervisor that never saw it means it is over
             forwarded = await self._forward_cancel(rid)
             state = "cancelled" if forwarded == "cancelled" else "finished"
+        elif self.ledger.lookup(rid) == CANCELLED_EARLY:
+            state = "finished"  # it ended (command_cancelled) without running
         else:
             self.ledger.record_cancel(rid)
             state = "pending"

@@ -3,7 +3,7 @@
 import pytest
 from workspace_doubles import MemoryStorage, RecordingAlarm
 
-from durable.ledger import CANCEL, EXEC, Ledger
+from durable.ledger import CANCEL, CANCELLED_EARLY, EXEC, Ledger
 from durable.ports import SnapshotInfo
 from durable.schedule import CHECKPOINT, IDLE, RETRY, Schedule
 from durable.state import STATES, TRANSITIONS, IllegalTransition, WorkspaceState
@@ -123,10 +123,12 @@ def test_ledger_records_execs_and_early_cancels(store):
     assert ledger.lookup(rid(1)) is None
     ledger.record_cancel(rid(1))
     assert ledger.lookup(rid(1)) == CANCEL
-    ledger.record_exec(rid(1))  # the exec that was cancelled early still uses its id
-    assert ledger.lookup(rid(1)) == EXEC
+    # the exec that was cancelled early still uses its id, remembered as never run (reattach reports that)
+    assert ledger.record_exec(rid(1)) == CANCELLED_EARLY
+    assert ledger.lookup(rid(1)) == CANCELLED_EARLY
     ledger.record_cancel(rid(1))  # a later cancel does not turn a used id back into a pending one
-    assert ledger.lookup(rid(1)) == EXEC
+    assert ledger.lookup(rid(1)) == CANCELLED_EARLY
+    assert ledger.record_exec(rid(2)) == EXEC and ledger.lookup(rid(2)) == EXEC
 
 
 def test_ledger_is_bounded_and_forgets_the_oldest(store):

@@ -324,6 +324,21 @@ async def test_cancel_before_exec_ends_that_exec_cancelled(env):
     assert code(await env.start_exec(request_id=rid(9))) == (409, "duplicate_request")
 
 
+async def test_reattach_to_an_early_cancelled_exec_ends_as_its_stream_did(env):
+    await env.put()
+    assert body(await env.call("cancel", {"request_id": rid(9)}))["state"] == "pending"
+    assert [e["code"] for e in await env.run(request_id=rid(9))] == ["command_cancelled"]
+    await env.run("true", request_id=rid(2))  # the container is up now and never saw rid(9)
+    resp = await env.call("reattach", {"request_id": rid(9), "offset": 0})
+    await env.clock.drain()
+    assert resp.status == 200 and [e.get("code") for e in resp.body.events()] == ["command_cancelled"]
+    env.container.crash()  # and without a container
+    resp = await env.call("reattach", {"request_id": rid(9), "offset": 0})
+    await env.clock.drain()
+    assert [e.get("code") for e in resp.body.events()] == ["command_cancelled"]
+    assert code(await env.start_exec(request_id=rid(9))) == (409, "duplicate_request")
+
+
 async def test_cancel_while_booting_never_reaches_the_supervisor(env):
     await env.put()
     env.container.start_gate = asyncio.Event()
