@@ -88,12 +88,15 @@ class Workspace:
 
     def _settle_stale_state(self) -> None:
         """A new object has nothing in flight, so a stored transitional state is left over from a runtime that
-        stopped mid-operation: fall back to the state the operation started from."""
+        stopped mid-operation: fall back to the state the operation started from; and a `running` whose container
+        is gone (the server was killed) rests where it really is, so GET never says running of nothing."""
         state = self.state.state
         if state in (Lifecycle.STARTING, Lifecycle.RESTORING):
             self.state.set_state(Lifecycle.STOPPED if self.state.booted else Lifecycle.CREATED)
         elif state == Lifecycle.SAVING:
-            self.state.set_state(Lifecycle.RUNNING)  # the next request notices if the container is gone
+            self.state.set_state(Lifecycle.RUNNING)
+        if self.state.state == Lifecycle.RUNNING and not self.container.running():
+            self.state.set_state(self._resting_state())
 
     # --- dispatch ------------------------------------------------------------------------------------------
 

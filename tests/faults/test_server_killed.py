@@ -66,6 +66,8 @@ def test_server_killed_during_a_snapshot(start_server):
     with again.client() as client:
         listed = client.get(ws_url("kill", "snap", "snapshots")).json()["snapshots"]
         assert [s["id"] for s in listed] == [kept]
+        status = client.get(ws_url("kill", "snap")).json()  # settled when the object is rebuilt, before any exec
+        assert (status["state"], status["running"]) == ("stopped", False), status
         assert sorted(p.name for p in store.iterdir()) == sorted([kept + ".json", kept + ".tar.zst"])
         events = exec_events(client, "kill", "snap", "sha256sum /workspace/big.bin; cat /workspace/newer.txt")
         assert started(events)["container"] == "restarted"  # its disk survived: nothing rolled back

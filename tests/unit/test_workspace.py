@@ -651,10 +651,30 @@ async def test_manual_snapshot_shows_saving_and_keeps_running(env):
 )
 async def test_a_new_object_settles_states_left_by_a_stopped_runtime(env, stored, booted, expected):
     await env.put()
+    if stored == "saving":
+        await env.run()  # an object evicted mid-save: its container is still up
     env.ws._store.put("state", stored)
     env.ws._store.put("booted", booted)
     env.ws = env.new_object()
     assert env.state == expected
+
+
+@pytest.mark.parametrize(
+    "snapshot,disk_survives,expected",
+    [(False, False, "lost"), (True, False, "stopped"), (False, True, "stopped")],
+)
+async def test_a_new_object_says_where_a_workspace_whose_container_died_rests(env, snapshot, disk_survives, expected):
+    """After the runtime was killed, GET must not say `running` of a container that is gone."""
+    await env.put()
+    await env.run()
+    if snapshot:
+        assert (await env.call("snapshot")).status == 200
+    env.container.keep_disk_on_crash = disk_survives
+    env.container.crash()
+    env.ws = env.new_object()
+    assert env.state == expected
+    status = body(await env.call("get"))
+    assert (status["state"], status["running"]) == (expected, False)
 
 
 async def test_after_a_runtime_restart_mid_boot_the_next_exec_boots_again(env):
