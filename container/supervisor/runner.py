@@ -6,6 +6,7 @@ group: background jobs keep running and their pipe keeps being read (see output.
 """
 
 import asyncio
+import errno
 import os
 import signal
 import subprocess
@@ -61,6 +62,9 @@ class Command:
             )
         except (OSError, subprocess.SubprocessError) as exc:
             os.close(read_fd)
+            if isinstance(exc, OSError) and exc.errno == errno.EAGAIN:
+                # fork/clone refused: the sandbox's pids limit (or RLIMIT_NPROC) is full; retrying as is fails again
+                raise ProtocolError("process_limit") from None
             reason = getattr(exc, "strerror", None) or type(exc).__name__
             raise ProtocolError("exec_failed", f"the command could not be started: {reason}") from None
         finally:

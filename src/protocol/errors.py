@@ -35,7 +35,12 @@ ERRORS: dict[str, tuple[int, str]] = {
     "workspace_lost": (409, "the workspace booted before and has no snapshot to come back from"),
     "workspace_busy": (409, "the workspace is saving or stopping; retry shortly"),
     "not_persistent": (409, "snapshots need a persistent workspace"),
-    "snapshot_damaged": (409, "the snapshot failed its integrity check and was not restored"),
+    "snapshot_damaged": (
+        409,
+        "the newest snapshot failed its integrity check: nothing was restored or run, and the workspace does not"
+        " start from an older snapshot on its own (choosing one is not possible yet); DELETE the workspace to start"
+        " over empty, or ask the operator to inspect the snapshot",
+    ),
     "snapshot_failed": (503, "the snapshot could not be written; the workspace keeps running"),
     # requests and commands
     "duplicate_request": (409, "this request id was used before; reattach with GET .../exec/{request_id}"),
@@ -43,6 +48,12 @@ ERRORS: dict[str, tuple[int, str]] = {
     "command_cancelled": (409, "the command was cancelled before it started"),
     "output_limit": (413, "the command printed more than 2,000,000 characters; its process group was killed"),
     "exec_failed": (500, "the command could not be started"),
+    "process_limit": (
+        429,
+        "the workspace already runs as many processes as its instance type allows, so the command could not"
+        " start: wait for background processes to end, cancel the command that started them, or POST .../stop"
+        " to end them all",
+    ),
     # files
     "file_not_found": (404, "no file at that path"),
     "not_a_file": (400, "the path is not a regular file"),

@@ -12,6 +12,9 @@ CANCELLED_EXIT_CODE = 130
 MAX_PATH_BYTES = 4096  # file paths and cwd, UTF-8 bytes
 MAX_ENV_VARS = 256
 MAX_ENV_NAME_BYTES = 256
+# one "NAME=value" string of `env`, UTF-8 bytes: the kernel refuses a longer one at exec (E2BIG; Linux
+# MAX_ARG_STRLEN is 131072 bytes including the terminating NUL)
+MAX_ENV_ENTRY_BYTES = 131071
 HEARTBEAT_SECONDS = 10  # a heartbeat after this long without another event
 DRAIN_IDLE_SECONDS = 0.3  # after the command's own process exits: end after this much silence...
 DRAIN_MAX_SECONDS = 5  # ...or after this long at most
@@ -46,6 +49,7 @@ LIMITS = {
     "MAX_PATH_BYTES": MAX_PATH_BYTES,
     "MAX_ENV_VARS": MAX_ENV_VARS,
     "MAX_ENV_NAME_BYTES": MAX_ENV_NAME_BYTES,
+    "MAX_ENV_ENTRY_BYTES": MAX_ENV_ENTRY_BYTES,
     "HEARTBEAT_SECONDS": HEARTBEAT_SECONDS,
     "DRAIN_IDLE_SECONDS": DRAIN_IDLE_SECONDS,
     "DRAIN_MAX_SECONDS": DRAIN_MAX_SECONDS,

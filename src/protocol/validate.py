@@ -155,6 +155,16 @@ def parse_env(value: object) -> dict[str, str]:
             raise ProtocolError("invalid_field", "env names must match " + limits.ENV_NAME_PATTERN)
         if not isinstance(val, str) or "\x00" in val:
             raise ProtocolError("invalid_field", f"env value of {name} must be a string without NUL")
+        try:
+            size = len(name) + 1 + len(val.encode("utf-8"))  # the "NAME=value" string the command gets
+        except UnicodeEncodeError:
+            raise ProtocolError("invalid_field", f"env value of {name} must be valid UTF-8") from None
+        if size > limits.MAX_ENV_ENTRY_BYTES:
+            raise ProtocolError(
+                "invalid_field",
+                f"env {name}=value is {size} bytes; the kernel takes at most {limits.MAX_ENV_ENTRY_BYTES}"
+                " (pass larger data in a file)",
+            )
     return dict(value)
 
 

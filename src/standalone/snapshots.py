@@ -163,8 +163,8 @@ class SnapshotStore:
     def _damaged(self, snapshot_id: str, why: str) -> ProtocolError:
         return ProtocolError(
             "snapshot_damaged",
-            f"snapshot {snapshot_id} {why}; it was not restored and the workspace is unchanged. "
-            "Restore an older snapshot, or delete the workspace and start a new one.",
+            f"snapshot {snapshot_id} {why}; none of its files were restored and nothing ran. No route chooses an "
+            "older snapshot yet: delete the workspace to start over, or ask the operator to look at the store.",
         )
 
     def _committed(self, ws_dir: Path, snapshot_id: str) -> Manifest:
