@@ -7,9 +7,7 @@ import threading
 import time
 
 import pytest
-from e2e import exec_events, rid, run_ok, serving, started, terminal, ws_url
-
-from standalone.cgroups import Cgroups
+from e2e import exec_events, rid, run_ok, started, terminal, ws_url
 
 pytestmark = pytest.mark.timeout(180)
 
@@ -40,16 +38,6 @@ while time.monotonic() < end:
     except BlockingIOError:
         time.sleep(0.01)
 """
-
-
-@pytest.fixture(scope="module")
-def limited_server():
-    manager, report = Cgroups.detect()
-    if manager is None:
-        pytest.skip(report)
-    with serving({"ENABLE_INTERNET": "false"}) as srv:
-        assert "memory, pids and CPU share" in srv.output()  # the server really enforces limits
-        yield srv
 
 
 def _workspace(client, name: str) -> None:

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import httpx
 import pytest
-from e2e import rid, run_ok, sandbox_pids, serving, terminal, ws_url
+from e2e import rid, run_ok, sandbox_pids, terminal, ws_url
 
 from standalone.cgroups import Cgroups
 
@@ -17,16 +17,6 @@ pytestmark = pytest.mark.timeout(150)
 FORK_BOMB = "bomb() { bomb | bomb & }; bomb; sleep 60"
 # grows by 16 MiB steps (so the kernel sees a steady climb) far beyond 256 MiB
 MEMORY_HOG = f'{sys.executable} -c "x = []\nwhile True: x.append(bytearray(16 << 20))"'
-
-
-@pytest.fixture(scope="module")
-def limited_server():
-    manager, report = Cgroups.detect()
-    if manager is None:
-        pytest.skip(report)
-    with serving({"ENABLE_INTERNET": "false"}) as srv:
-        assert "memory, pids and CPU share" in srv.output()  # the server really enforces limits
-        yield srv
 
 
 def _probe_neighbours(srv, stop: threading.Event, results: list) -> None:
