@@ -2,7 +2,7 @@
 # Both install what they need first (scripts/setup.sh), so a fresh machine needs nothing else.
 PY := .venv/bin/python
 
-.PHONY: serve test bench setup setup-dev lint
+.PHONY: serve test bench mutate setup setup-dev lint
 
 serve: setup
 	$(PY) -m standalone.cli serve $(ARGS)
@@ -12,9 +12,15 @@ test: setup-dev lint
 
 lint:
 	$(PY) -m ruff check .
+	$(PY) -m ruff format --check .
 
 bench: setup-dev
 	$(PY) -m bench $(ARGS)
+
+# Mutation testing (not part of `make test`): every mutant of each module against the tests that cover it.
+# make mutate [MODULES="src/durable/retention.py ..."] [TESTS="tests/unit/test_retention.py ..."] [JOBS=N]
+mutate: setup-dev
+	$(PY) scripts/mutate.py $(MODULES) $(if $(TESTS),--tests $(TESTS)) $(if $(JOBS),--jobs $(JOBS))
 
 setup:
 	scripts/setup.sh runtime

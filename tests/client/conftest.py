@@ -85,3 +85,18 @@ def client(server):
 
     with Client(server.endpoint, TOKEN) as c:
         yield c
+
+
+CONFIG_TOKEN = "x" * 40  # the token the settings tests' environment carries (test_config*.py name it TOKEN)
+
+
+@pytest.fixture
+def env(monkeypatch, tmp_path):
+    """The plugin's settings environment: HERMES_CF_* only what a test sets, a private HERMES_HOME."""
+    for key in list(__import__("os").environ):
+        if key.startswith("HERMES_CF_"):
+            monkeypatch.delenv(key)
+    monkeypatch.setenv("HERMES_HOME", str(tmp_path / "home"))
+    monkeypatch.setenv("HERMES_CF_ENDPOINT", "https://flarebox.example.com")
+    monkeypatch.setenv("HERMES_CF_TOKEN", CONFIG_TOKEN)
+    return monkeypatch

@@ -10,17 +10,6 @@ TOKEN = "x" * 40
 NAME = re.compile(r"^[a-z0-9][a-z0-9_.-]{0,62}$")
 
 
-@pytest.fixture
-def env(monkeypatch, tmp_path):
-    for key in list(__import__("os").environ):
-        if key.startswith("HERMES_CF_"):
-            monkeypatch.delenv(key)
-    monkeypatch.setenv("HERMES_HOME", str(tmp_path / "home"))
-    monkeypatch.setenv("HERMES_CF_ENDPOINT", "https://flarebox.example.com")
-    monkeypatch.setenv("HERMES_CF_TOKEN", TOKEN)
-    return monkeypatch
-
-
 def test_minimal_settings(env):
     s = load_settings()
     assert s.endpoint == "https://flarebox.example.com" and s.token == TOKEN

@@ -63,8 +63,9 @@ class Supervisor:
         return httpx.HTTPTransport(uds=str(self.socket))
 
     def async_client(self) -> httpx.AsyncClient:
-        return httpx.AsyncClient(transport=httpx.AsyncHTTPTransport(uds=str(self.socket)), base_url="http://sv",
-                                 timeout=60)
+        return httpx.AsyncClient(
+            transport=httpx.AsyncHTTPTransport(uds=str(self.socket)), base_url="http://sv", timeout=60
+        )
 
     def post_exec(self, body: dict | bytes) -> httpx.Response:
         content = body if isinstance(body, bytes) else json.dumps(body, ensure_ascii=False).encode()
@@ -105,8 +106,9 @@ def start_supervisor(tmp_path: Path, env: dict | None = None):
     args = [sys.executable, "-m", "flarebox_supervisor", "--unix", str(socket), "--workdir", str(workspace)]
     if IS_ROOT:
         args += ["--user", SANDBOX_USER]
-    proc_env = dict(os.environ, SANDBOX_API_TOKEN=LEAK_CANARY, FLAREBOX_LEAK_CANARY=LEAK_CANARY,
-                    FLAREBOX_HEARTBEAT_SECONDS="1")
+    proc_env = dict(
+        os.environ, SANDBOX_API_TOKEN=LEAK_CANARY, FLAREBOX_LEAK_CANARY=LEAK_CANARY, FLAREBOX_HEARTBEAT_SECONDS="1"
+    )
     proc_env.update(env or {})
     log = open(tmp_path / "supervisor.log", "wb")  # noqa: SIM115 - closed in finally
     process = subprocess.Popen(args, env=proc_env, stdout=log, stderr=subprocess.STDOUT)
@@ -135,7 +137,6 @@ def start_supervisor(tmp_path: Path, env: dict | None = None):
                 process.wait()
         log.close()
         shutil.rmtree(workspace, ignore_errors=True)
-
 
 
 def wait_until(predicate, timeout: float = 10, interval: float = 0.05) -> bool:

@@ -1,9 +1,12 @@
 """Small in-test doubles for the edge's ports (test doubles, not runtimes: the real adapters are tested
 end-to-end by the standalone and Cloudflare suites)."""
 
+import json
+
 from durable import operations
 from durable.ports import Response
 from protocol.errors import ProtocolError
+from worker.request import EdgeRequest
 
 TOKEN = "t" * 40
 
@@ -50,3 +53,11 @@ class Directory:
 
 def auth(token: str = TOKEN) -> dict[str, str]:
     return {"authorization": f"Bearer {token}"}
+
+
+async def send(edge, method, path, query="", headers=None, body=None):
+    return await edge.handle(EdgeRequest(method, path, query, {**auth(), **(headers or {})}, body or Body()))
+
+
+def error(resp):
+    return resp.status, json.loads(resp.body)["error"]["code"]

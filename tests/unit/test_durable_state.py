@@ -1,25 +1,15 @@
 """The persisted record: state machine, ledger bounds, schedule and backoff, over real SQLite."""
 
 import pytest
-from workspace_doubles import MemoryStorage, RecordingAlarm
+from workspace_doubles import RecordingAlarm, rid
 
 from durable.ledger import CANCEL, CANCELLED_EARLY, EXEC, Ledger
 from durable.ports import SnapshotInfo
 from durable.schedule import CHECKPOINT, IDLE, RETRY, Schedule
 from durable.state import STATES, TRANSITIONS, IllegalTransition, WorkspaceState
-from durable.store import Store
 from durable.timefmt import iso_ms
 
 CONFIG = {"image": "hermes", "instance": "lite", "persistent": True, "cwd": "/workspace"}
-
-
-@pytest.fixture
-def store():
-    return Store(MemoryStorage())
-
-
-def rid(n):
-    return f"{n:032x}"
 
 
 # --- state machine -----------------------------------------------------------------------------------------------

@@ -4,14 +4,13 @@ and valid requests reach the workspace as exactly one (op, args, body) call whos
 import json
 
 import pytest
-from edge_doubles import Body, Directory, auth
+from edge_doubles import Body, Directory, error, send
 
 from durable.ports import Response
 from durable.settings import Settings
 from protocol import limits
 from protocol.errors import ProtocolError
 from worker.edge import Edge
-from worker.request import EdgeRequest
 
 RID = "0123456789abcdef0123456789abcdef"
 W = "/v1/workspaces/team/proj"
@@ -32,14 +31,6 @@ def exec_body(**extra):
 def edge():
     directory = Directory()
     return Edge(token="t" * 40, settings=SETTINGS, directory=directory, version="9.9"), directory
-
-
-async def send(edge, method, path, query="", headers=None, body=None):
-    return await edge.handle(EdgeRequest(method, path, query, {**auth(), **(headers or {})}, body or Body()))
-
-
-def error(resp):
-    return resp.status, json.loads(resp.body)["error"]["code"]
 
 
 # --- valid requests reach the workspace with the documented op and args ------------------------------------

@@ -320,3 +320,8 @@ class UploadBody:
 
     def __init__(self, chunks):
         self.chunks = chunks
+
+
+def rid(n: int) -> str:
+    """The n-th request id (32 hex characters)."""
+    return f"{n:032x}"

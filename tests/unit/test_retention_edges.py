@@ -1,0 +1,67 @@
+"""Retention at the edges the property tests never reach: just inside/outside the 2-hour and 24-hour windows, and
+snapshots sharing one timestamp (the keeper is then the one with the greatest id, whatever the input order)."""
+
+import datetime as dt
+import itertools
+
+import pytest
+
+from durable import retention
+from durable.ports import SnapshotInfo
+
+MIN = 60_000
+HOUR = 60 * MIN
+DAY = 24 * HOUR
+MONDAY = int(dt.datetime(2026, 11, 23, tzinfo=dt.UTC).timestamp() * 1000)  # aligned to every slot size
+
+
+def keep(pairs, now_ms):
+    return retention.keep([SnapshotInfo(sid, 0, t) for sid, t in pairs], now_ms)
+
+
+def test_between_one_and_two_hours_old_the_five_minute_rule_still_keeps_one_per_slot():
+    now = MONDAY + 10 * HOUR
+    # 08:10 and 08:20 share the 08:00 hour; both are 100 and 90 minutes old: inside the 2-hour fine window
+    s = [("m10", now - 110 * MIN), ("m20", now - 100 * MIN), ("newest", now)]
+    # m10 is kept by the 5-minute rule alone (the hour keeper is m20, the day keeper is newest)
+    assert keep(s, now) == {"m10", "m20", "newest"}
+
+
+def test_a_snapshot_just_under_24_hours_old_keeps_its_hourly_slot():
+    now = MONDAY + 3 * DAY + 13 * HOUR  # Thursday 13:00
+    s = [("inside", now - DAY + 1), ("later_that_day", now - DAY + 7 * HOUR), ("newest", now)]
+    # `inside` (Wednesday 13:00:00.001) is the newest of its hour, within 24 h; Wednesday's day keeper is later
+    assert keep(s, now) == {"inside", "later_that_day", "newest"}
+
+
+def test_a_snapshot_exactly_24_hours_old_is_out_of_the_hourly_window():
+    now = MONDAY + 3 * DAY + 13 * HOUR  # Thursday 13:00
+    s = [("edge", now - DAY), ("later_that_day", now - DAY + 7 * HOUR), ("newest", now)]
+    # `edge` (Wednesday 13:00:00.000) is the newest of its hour but exactly 24 h old: only the daily rule applies,
+    # and Wednesday's keeper is later_that_day
+    assert keep(s, now) == {"later_that_day", "newest"}
+
+
+def test_a_snapshot_25_hours_old_is_out_of_the_hourly_window():
+    now = MONDAY + 3 * DAY + 13 * HOUR
+    s = [("old", now - DAY - HOUR + 1), ("later_that_day", now - DAY + 7 * HOUR), ("newest", now)]
+    assert keep(s, now) == {"later_that_day", "newest"}
+
+
+@pytest.mark.parametrize("age", [5 * MIN, 5 * HOUR, 3 * DAY, 20 * DAY])
+def test_equal_timestamps_keep_the_greatest_id_in_any_input_order(age):
+    now = MONDAY + 10 * HOUR
+    t = now - age
+    pairs = [("snap-a", t), ("snap-c", t), ("snap-b", t), ("newest", now)]
+    for order in itertools.permutations(pairs):
+        assert keep(order, now) == {"snap-c", "newest"}, order
+
+
+def test_equal_newest_timestamps_keep_the_greatest_id():
+    now = MONDAY + 10 * HOUR
+    for order in itertools.permutations([("x1", now), ("x3", now), ("x2", now)]):
+        assert keep(order, now) == {"x3"}
+        # the newest is kept even with the clock far in the past (only the "newest overall" rule applies)
+        assert keep(order, now - 30 * DAY) == {"x3"}
+    dropped = retention.drop([SnapshotInfo(i, 0, now) for i in ("x2", "x3", "x1")], now)
+    assert [s.id for s in dropped] == ["x2", "x1"]  # the given order
