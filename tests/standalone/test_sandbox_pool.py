@@ -20,7 +20,7 @@ OK = b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok"
 
 
 class FakeSupervisor:
-    """Answers the first request; then, `deaf`: stops reading that connection (shutdown SHUT_RD: the next write to
+    """Answers the first request; `deaf`: stops reading that connection first (shutdown SHUT_RD: the next write to
     it fails with EPIPE, yet it does not look closed) and closes it a moment later; else reads the next request on
     it and hangs up unanswered. Then answers one later connection, if one comes. Counts the request heads read."""
 
@@ -43,11 +43,13 @@ class FakeSupervisor:
     def _serve(self) -> None:
         first, _ = self.listener.accept()
         self._read_head(first)
-        first.sendall(OK)
         if self.deaf:
+            # stop reading before answering: the client's next head can then never get in ahead of the shutdown
             first.shutdown(socket.SHUT_RD)
+            first.sendall(OK)
             time.sleep(0.3)
         else:
+            first.sendall(OK)
             self._read_head(first)
         first.close()
         try:
