@@ -6,6 +6,13 @@
     upload), the stream itself, with the args as ASCII JSON in x-flarebox-args.
 
 The object's Response (often a stream) comes back unchanged.
+
+A directory call is the same shape, to the one directory object (`env.DIRECTORY.getByName("directory")`):
+
+    POST https://directory/call/<op>
+    body: the op's args as a JSON object (directory/directory.py takes and gives JSON-shaped values)
+
+and its answer is JSON: 200 with the op's result, or a protocol error body with the code's status.
 """
 
 import json
@@ -15,6 +22,8 @@ from durable import operations
 
 ORIGIN = "https://workspace"
 CALL_PREFIX = "/call/"
+DIRECTORY_ORIGIN = "https://directory"
+DIRECTORY_NAME = "directory"  # the deployment's one directory object
 WORKSPACE_HEADER = "x-flarebox-workspace"
 ARGS_HEADER = "x-flarebox-args"
 
@@ -23,8 +32,24 @@ def call_url(op: str) -> str:
     return ORIGIN + CALL_PREFIX + op
 
 
+def directory_url(op: str) -> str:
+    return DIRECTORY_ORIGIN + CALL_PREFIX + op
+
+
+def json_bytes(value: Any) -> bytes:
+    return json.dumps(value, ensure_ascii=False, separators=(",", ":")).encode("utf-8")
+
+
+def decode_directory_args(raw: bytes) -> dict[str, Any]:
+    """A directory call's args; ValueError unless the body is one JSON object."""
+    args = json.loads(raw) if raw else None
+    if not isinstance(args, dict):
+        raise ValueError("a directory call's body is a JSON object of its args")
+    return args
+
+
 def args_body(args: Any) -> bytes:
-    return json.dumps(operations.to_json(args), ensure_ascii=False, separators=(",", ":")).encode("utf-8")
+    return json_bytes(operations.to_json(args))
 
 
 def args_header(args: Any) -> str:
@@ -39,3 +64,9 @@ def decode_args(op: str, raw: str | bytes) -> Any:
 
 def op_from_path(path: str) -> str | None:
     return path[len(CALL_PREFIX) :] if path.startswith(CALL_PREFIX) else None
+
+
+def op_from_url(url: str) -> str | None:
+    rest = url.split("://", 1)[-1]
+    slash = rest.find("/")
+    return op_from_path(rest[slash:].split("?", 1)[0]) if slash >= 0 else None

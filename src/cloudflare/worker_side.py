@@ -1,15 +1,23 @@
-"""The Worker's side of the glue: the edge's request and response types over JS requests, and the workspace
-directory whose stubs are Durable Object stubs (`env.WORKSPACE.getByName("<namespace>/<workspace>")`)."""
+"""The Worker's side of the glue: the edge's request and response types over JS requests, the workspaces whose
+stubs are Durable Object stubs (`env.WORKSPACE.getByName("<namespace>/<workspace>")`), and the stub of the one
+directory object (`env.DIRECTORY.getByName("directory")`)."""
 
+import json
 from typing import Any
 
 import js
 
 from cloudflare import wire
 from cloudflare.jsutil import headers_dict, is_null, jsobj, to_bytes, uint8
-from durable.ports import Response
-from protocol.errors import ProtocolError
+from durable.ports import JSON_TYPE, Response
+from protocol.errors import ERRORS, ProtocolError, http_status
 from worker.request import EdgeRequest
+
+# A workspace's JSON answers (status objects, snapshot lists, errors) are small; past this one is a bug, not data.
+WORKSPACE_JSON_BYTES = 1024 * 1024
+# The directory is our own object, so this only keeps a runaway answer from taking the isolate down. Its largest
+# legitimate answer is a page of audit records, each holding a command's text.
+DIRECTORY_ANSWER_BYTES = 32 * 1024 * 1024
 
 
 class JsRequestBody:
@@ -101,18 +109,84 @@ class DurableObjectStub:
             js_resp = (await self._stub.fetch(request)).js_object
         except Exception as exc:  # the SDK raises its own error types for a failed fetch
             raise ProtocolError("internal_error", "the workspace object did not answer") from exc
-        return Response(
-            status=int(js_resp.status),
-            body=b"" if is_null(js_resp.body) else js_resp.body,
-            headers=headers_dict(js_resp.headers),
-        )
+        headers = headers_dict(js_resp.headers)
+        if is_null(js_resp.body):
+            body: Any = b""
+        elif _is_json(headers):
+            # as bytes, so the edge can read them (error codes for the audit log, {"deleted": true} for the index,
+            # listed status objects); streams (exec output, downloads) pass through untouched
+            body = await _read_json_answer(js_resp.body)
+        else:
+            body = js_resp.body
+        return Response(status=int(js_resp.status), body=body, headers=headers)
 
 
-class DurableObjectDirectory:
-    """ports.WorkspaceDirectory over the WORKSPACE Durable Object namespace."""
+def _is_json(headers: dict[str, str]) -> bool:
+    return headers.get("content-type", "").split(";", 1)[0].strip().lower() == JSON_TYPE
+
+
+async def _read_json_answer(js_body: Any) -> bytes:
+    try:
+        return await JsRequestBody(js_body).read(WORKSPACE_JSON_BYTES)
+    except ProtocolError as err:
+        raise ProtocolError("internal_error", "the workspace object's answer is over its limit") from err
+    except Exception as exc:
+        raise ProtocolError("internal_error", "the workspace object's answer broke off") from exc
+
+
+class DurableObjectWorkspaces:
+    """ports.Workspaces over the WORKSPACE Durable Object namespace."""
 
     def __init__(self, namespace_binding: Any):
         self._binding = namespace_binding
 
     def get(self, namespace: str, workspace: str) -> DurableObjectStub:
         return DurableObjectStub(self._binding, namespace, workspace)
+
+
+class DirectoryObjectStub:
+    """ports.DirectoryStub over the DIRECTORY Durable Object namespace: one POST per call (cloudflare/wire.py).
+
+    A refusal the directory answered comes back as its ProtocolError; anything else (a failed fetch, a broken or
+    unexpected answer, the directory's own internal_error) is a RuntimeError, which the edge answers 503
+    directory_unavailable — the same as an in-process directory raising something other than a ProtocolError."""
+
+    def __init__(self, namespace_binding: Any):
+        self._binding = namespace_binding
+        self._stub: Any = None
+
+    async def call(self, op: str, args: dict[str, Any]) -> Any:
+        if self._stub is None:
+            self._stub = self._binding.getByName(wire.DIRECTORY_NAME)
+        init = jsobj({"method": "POST", "headers": {"content-type": JSON_TYPE}})
+        init.body = uint8(wire.json_bytes(args))
+        request = js.Request.new(wire.directory_url(op), init)
+        try:
+            js_resp = (await self._stub.fetch(request)).js_object
+            raw = await JsRequestBody(js_resp.body).read(DIRECTORY_ANSWER_BYTES)
+        except Exception as exc:  # the SDK's error types for a failed fetch, a broken or oversized body
+            raise RuntimeError(f"the directory object did not answer {op}") from exc
+        status = int(js_resp.status)
+        try:
+            answer = json.loads(raw)
+        except ValueError:
+            raise RuntimeError(f"the directory object's answer to {op} is not JSON ({status})") from None
+        if status == 200:
+            return answer
+        raise _refusal(op, status, answer)
+
+
+def _refusal(op: str, status: int, answer: Any) -> Exception:
+    """The ProtocolError of a directory's error answer, when it is one the directory may give."""
+    error = answer.get("error") if isinstance(answer, dict) else None
+    code = error.get("code") if isinstance(error, dict) else None
+    message = error.get("message") if isinstance(error, dict) else None
+    if (
+        isinstance(code, str)
+        and code in ERRORS
+        and code != "internal_error"  # the directory failed: unavailable, not the request's fault
+        and http_status(code) == status
+        and isinstance(message, str)
+    ):
+        return ProtocolError(code, message)
+    return RuntimeError(f"the directory object answered {op} with {status} ({str(code)[:64]!r})")

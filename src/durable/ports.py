@@ -177,5 +177,16 @@ class WorkspaceStub(Protocol):
         """Run operation `op` (durable/operations.py) with its typed args; `body` is a stream for file uploads."""
 
 
-class WorkspaceDirectory(Protocol):
+class Workspaces(Protocol):
+    """Every workspace object of the deployment, by name (the registry / the WORKSPACE Durable Object namespace)."""
+
     def get(self, namespace: str, workspace: str) -> WorkspaceStub: ...
+
+
+class DirectoryStub(Protocol):
+    """The edge's handle on the deployment's directory object (directory/directory.py): keys, the workspace index
+    and the audit log."""
+
+    async def call(self, op: str, args: dict[str, Any]) -> Any:
+        """Run directory operation `op` with JSON-shaped args; its JSON-shaped answer. Raises ProtocolError for a
+        refusal (unauthorized, key_not_found, quota_exceeded); anything else means the directory could not answer."""

@@ -3,6 +3,7 @@
 from dataclasses import dataclass
 
 from protocol import limits
+from worker.access import team_origin  # the one check of ACCESS_TEAM_DOMAIN (pure; no I/O)
 
 # Every var Settings.from_vars reads; both runtimes take exactly these from their vars or environment.
 SETTING_VARS = (
@@ -14,6 +15,11 @@ SETTING_VARS = (
     "IMAGES",
     "MAX_FILE_READ_BYTES",
     "MAX_FILE_WRITE_BYTES",
+    "MAX_WORKSPACES_PER_NAMESPACE",
+    "AUDIT_MAX_RECORDS",
+    "AUDIT_MAX_AGE_DAYS",
+    "ACCESS_TEAM_DOMAIN",
+    "ACCESS_AUD",
 )
 
 
@@ -47,6 +53,12 @@ class Settings:
     images: tuple[str, ...] = (limits.DEFAULT_IMAGE,)
     max_file_read_bytes: int = limits.MAX_FILE_READ_BYTES
     max_file_write_bytes: int = limits.MAX_FILE_WRITE_BYTES
+    max_workspaces_per_namespace: int = 0  # 0: no cap
+    audit_max_records: int = 20_000  # the audit log keeps at most this many records...
+    audit_max_age_days: int = 90  # ...none older than this
+    # Cloudflare Access in front (both set, or neither): the team's domain and the application's AUD tag
+    access_team_domain: str | None = None
+    access_aud: str | None = None
 
     @classmethod
     def from_vars(cls, env: dict) -> "Settings":
@@ -63,6 +75,12 @@ class Settings:
         default = str(env.get("DEFAULT_INSTANCE_TYPE") or fallback).strip()
         if default not in allowed:
             raise ValueError("DEFAULT_INSTANCE_TYPE must be one of ALLOWED_INSTANCE_TYPES")
+        team = (env.get("ACCESS_TEAM_DOMAIN") or "").strip() or None
+        aud = (env.get("ACCESS_AUD") or "").strip() or None
+        if (team is None) != (aud is None):
+            raise ValueError("ACCESS_TEAM_DOMAIN and ACCESS_AUD are set together (Cloudflare Access), or neither")
+        if team is not None:
+            team_origin(team)  # a malformed domain fails here, naming ACCESS_TEAM_DOMAIN, not at the first request
         images = tuple(i.strip() for i in str(env.get("IMAGES") or limits.DEFAULT_IMAGE).split(",") if i.strip())
         return cls(
             idle_seconds=_int(env.get("IDLE_SECONDS"), limits.DEFAULT_IDLE_SECONDS, 1, 7 * 86400, "IDLE_SECONDS"),
@@ -87,4 +105,11 @@ class Settings:
                 limits.MAX_FILE_WRITE_BYTES,
                 "MAX_FILE_WRITE_BYTES",
             ),
+            max_workspaces_per_namespace=_int(
+                env.get("MAX_WORKSPACES_PER_NAMESPACE"), 0, 0, 10**9, "MAX_WORKSPACES_PER_NAMESPACE"
+            ),
+            audit_max_records=_int(env.get("AUDIT_MAX_RECORDS"), 20_000, 100, 10**8, "AUDIT_MAX_RECORDS"),
+            audit_max_age_days=_int(env.get("AUDIT_MAX_AGE_DAYS"), 90, 1, 36_500, "AUDIT_MAX_AGE_DAYS"),
+            access_team_domain=team,
+            access_aud=aud,
         )

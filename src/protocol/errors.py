@@ -7,6 +7,16 @@ the same codes appear as the terminal `{"type": "error", ...}` event (the HTTP s
 ERRORS: dict[str, tuple[int, str]] = {
     # auth and routing
     "unauthorized": (401, "missing or wrong bearer token"),
+    "access_denied": (
+        401,
+        "Cloudflare Access did not let this request through: sign in through Access, or send a service token's"
+        " CF-Access-Client-Id and CF-Access-Client-Secret headers",
+    ),
+    "forbidden": (403, "the key does not open this workspace or operation; ask the operator for one that does"),
+    "directory_unavailable": (
+        503,
+        "the deployment's directory (keys, workspace index, audit log) did not answer; nothing ran — retry shortly",
+    ),
     "not_configured": (503, "the server has no SANDBOX_API_TOKEN of at least 32 characters"),
     "not_found": (404, "no such route"),
     "method_not_allowed": (405, "the route does not accept this method"),
@@ -29,6 +39,8 @@ ERRORS: dict[str, tuple[int, str]] = {
     "confirm_required": (400, "DELETE needs ?confirm=true"),
     "image_not_found": (400, "the image is not one this deployment defines"),
     "instance_not_allowed": (400, "the instance type is not in ALLOWED_INSTANCE_TYPES"),
+    "key_not_found": (404, "no key with this id (never minted, or already revoked)"),
+    "quota_exceeded": (403, "the namespace already holds MAX_WORKSPACES_PER_NAMESPACE workspaces; delete one first"),
     # workspace state
     "workspace_not_found": (404, "the workspace has no configuration; PUT it first"),
     "config_conflict": (409, "the workspace exists with a different configuration"),

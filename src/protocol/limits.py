@@ -29,6 +29,10 @@ MIN_TOKEN_CHARS = 32
 # the most the server reads of a supervisor's control answer (health, errors, sync, cancel): everything in a
 # sandbox is hostile, and one endless answer must not fill the server's memory
 CONTROL_BODY_BYTES = 1024 * 1024
+MAX_KEY_LABEL_CHARS = 100  # a scoped key's label
+MAX_KEY_EXPIRES_IN_SECONDS = 10 * 365 * 86400  # the longest expires_in of a scoped key (10 years)
+MAX_KEYS = 10_000  # scoped keys a deployment holds at once
+MAX_PAGE_RECORDS = 1000  # audit records (and listed workspaces) one GET answers at most
 NAME_PATTERN = r"^[a-z0-9][a-z0-9_.-]{0,62}$"
 REQUEST_ID_PATTERN = r"^[0-9a-f]{32}$"
 ENV_NAME_PATTERN = r"^[A-Za-z_][A-Za-z0-9_]*$"
@@ -62,4 +66,8 @@ LIMITS = {
     "DEFAULT_IDLE_SECONDS": DEFAULT_IDLE_SECONDS,
     "MIN_TOKEN_CHARS": MIN_TOKEN_CHARS,
     "CONTROL_BODY_BYTES": CONTROL_BODY_BYTES,
+    "MAX_KEY_LABEL_CHARS": MAX_KEY_LABEL_CHARS,
+    "MAX_KEY_EXPIRES_IN_SECONDS": MAX_KEY_EXPIRES_IN_SECONDS,
+    "MAX_KEYS": MAX_KEYS,
+    "MAX_PAGE_RECORDS": MAX_PAGE_RECORDS,
 }

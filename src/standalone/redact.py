@@ -1,21 +1,27 @@
-"""Keep the API token out of every log line, whatever a client put in a URL or a body.
+"""Keep the API token and every key secret out of every log line, whatever a client put in a URL or a body.
 
-The access log writes each request's path and query, and a client may well send the token there by mistake
-(`?token=...`, a name): a filter on every handler replaces it before any record is written.
+The access log writes each request's path and query, and a client may well send a secret there by mistake
+(`?token=...`, a name): a filter on every handler replaces it before any record is written. Key secrets are not
+known to the server (only their digests), so anything shaped like a key is replaced (directory/audit.py).
 """
 
 import logging
 
-REDACTED = "[redacted]"
+from directory.audit import REDACTED, redact
+from protocol.keys import KEY_PREFIX
+
+__all__ = ["REDACTED", "TokenRedactor", "install"]
 
 
 class TokenRedactor(logging.Filter):
-    def __init__(self, token: str):
+    def __init__(self, token: str | None):
         super().__init__()
-        self._token = token
+        self._token = token or None
 
     def _clean(self, value):
-        return value.replace(self._token, REDACTED) if isinstance(value, str) and self._token in value else value
+        if not isinstance(value, str) or not (KEY_PREFIX in value or (self._token and self._token in value)):
+            return value
+        return redact(value, self._token)
 
     def filter(self, record: logging.LogRecord) -> bool:
         record.msg = self._clean(record.msg)
@@ -33,8 +39,6 @@ class TokenRedactor(logging.Filter):
 
 def install(token: str | None, logger_names: tuple[str, ...] = ("", "uvicorn", "uvicorn.error", "uvicorn.access")):
     """Add the redactor to every handler of these loggers (call after uvicorn has configured its logging)."""
-    if not token:
-        return
     redactor = TokenRedactor(token)
     for name in logger_names:
         for handler in logging.getLogger(name).handlers:

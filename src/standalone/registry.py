@@ -1,4 +1,4 @@
-"""The in-process WorkspaceDirectory: one Workspace object per (namespace, workspace), built lazily with its adapters.
+"""The in-process Workspaces: one Workspace object per (namespace, workspace), built lazily with its adapters.
 
 Data layout (everything under the data dir):
     workspaces/<ns>/<ws>/state.sqlite3   config, state, ledger and the persisted alarm (one file per workspace)
@@ -117,7 +117,7 @@ class WorkspaceRegistry:
         self.data_dir.mkdir(parents=True, exist_ok=True)
         self.reserve = DiskReserve(self.data_dir / RESERVE_FILE)
 
-    # --- ports.WorkspaceDirectory ----------------------------------------------------------------------------
+    # --- ports.Workspaces ----------------------------------------------------------------------------
 
     def get(self, namespace: str, workspace: str) -> _Stub:
         return _Stub(self, namespace, workspace)

@@ -12,7 +12,9 @@ from pathlib import Path
 
 import uvicorn
 
+from directory.directory import Directory
 from standalone import network, redact
+from standalone.access import access_gate
 from standalone.clock import AsyncioClock
 from standalone.config import load_settings
 from standalone.http_protocol import FlareboxH11Protocol
@@ -20,6 +22,7 @@ from standalone.registry import WorkspaceRegistry
 from standalone.sandbox_driver import SandboxDriver
 from standalone.seccomp import SeccompUnavailable
 from standalone.server import FlareboxApp
+from standalone.storage import SqliteStorage
 from standalone.token import load_or_create_token, token_notice
 from standalone.uids import UidRangeError, UnsafeDirError
 from worker.edge import Edge
@@ -27,6 +30,7 @@ from worker.edge import Edge
 log = logging.getLogger("flarebox.serve")
 
 MAX_INCOMPLETE_EVENT = 64 * 1024  # h11 buffers at most this much of an unfinished request head
+DIRECTORY_FILE = "directory.sqlite3"  # keys, the workspace index and the audit log (directory/)
 GRACEFUL_SECONDS = 3  # open exec streams get this long at shutdown; clients reattach by request id afterwards
 
 
@@ -41,9 +45,26 @@ def _version() -> str:
 
 def build_app(data_dir: Path, settings, token: str | None) -> tuple[FlareboxApp, WorkspaceRegistry, SandboxDriver]:
     driver = SandboxDriver(data_dir, settings)
-    registry = WorkspaceRegistry(data_dir, settings, AsyncioClock(), driver.make, driver.stop)
-    edge = Edge(token=token, settings=settings, directory=registry, version=_version())
-    return FlareboxApp(edge, on_shutdown=registry.shutdown), registry, driver
+    clock = AsyncioClock()
+    registry = WorkspaceRegistry(data_dir, settings, clock, driver.make, driver.stop)
+    directory_storage = SqliteStorage(data_dir / DIRECTORY_FILE, registry.reserve)
+    directory = Directory(directory_storage, clock, settings)
+    for namespace, workspace in registry.known_workspaces():
+        directory.adopt(namespace, workspace)
+    edge = Edge(
+        token=token,
+        settings=settings,
+        workspaces=registry,
+        directory=directory,
+        version=_version(),
+        access=access_gate(settings),
+    )
+
+    async def shutdown() -> None:
+        await registry.shutdown()
+        directory_storage.close()
+
+    return FlareboxApp(edge, on_shutdown=shutdown), registry, driver
 
 
 def run_server(*, host: str, port: int, data_dir: Path, log_level: str = "info") -> int:

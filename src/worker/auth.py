@@ -1,4 +1,4 @@
-"""Bearer-token check. Runs before anything else on every route, so it touches neither body nor workspace."""
+"""The deployment token check. Runs before anything else on every route, so it touches neither body nor workspace."""
 
 import hashlib
 import hmac
@@ -11,22 +11,26 @@ def _digest(value: str) -> bytes:
     return hashlib.sha256(value.encode("utf-8", "surrogatepass")).digest()
 
 
+def bearer(authorization: str | None) -> str:
+    """The credential of an `Authorization: Bearer …` header ("" when there is none)."""
+    if authorization:
+        scheme, _, credentials = authorization.strip().partition(" ")
+        if scheme.lower() == "bearer":
+            return credentials.strip()
+    return ""
+
+
 class TokenCheck:
     def __init__(self, token: str | None):
         # A short secret is treated as no secret: answering 503 beats accepting a guessable token.
         self._configured = isinstance(token, str) and len(token) >= limits.MIN_TOKEN_CHARS
         self._expected = _digest(token) if self._configured else b""
 
-    def check(self, authorization: str | None) -> None:
-        """Raise not_configured / unauthorized. Compares fixed-length digests with compare_digest, so neither the
-        token's length nor a matching prefix shows in the timing."""
+    def require_configured(self) -> None:
         if not self._configured:
             raise ProtocolError("not_configured")
-        presented = ""
-        if authorization:
-            scheme, _, credentials = authorization.strip().partition(" ")
-            if scheme.lower() == "bearer":
-                presented = credentials.strip()
-        # Always compare, even for a missing header, so every rejection takes the same path.
-        if not hmac.compare_digest(_digest(presented), self._expected) or not presented:
-            raise ProtocolError("unauthorized")
+
+    def is_token(self, presented: str) -> bool:
+        """Compares fixed-length digests with compare_digest, so neither the token's length nor a matching prefix
+        shows in the timing; always compares, even for an empty credential, so every rejection takes one path."""
+        return hmac.compare_digest(_digest(presented), self._expected) and bool(presented)

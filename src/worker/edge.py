@@ -1,64 +1,391 @@
-"""The edge (the Worker's logic): auth, routing, request validation and limits, then one call to the workspace.
+"""The edge (the Worker's logic): Access, credentials, routing, authorization, validation, then one call to the
+workspace or the directory, and an audit record of what changed.
 
-Order per request: auth → route → query → body limits → body parse → workspace call. Nothing before auth reads
-the body or touches a workspace, and every validation error is answered before the workspace is called. The
-workspace's Response (often a stream) is returned untouched.
+Order per request: Cloudflare Access (when configured) → credential → route → authorization → query → body limits
+→ body parse → call → audit. Nothing before authorization reads the body or touches a workspace, and every
+validation error is answered before the workspace is called. The workspace's Response (often a stream) is
+returned untouched.
 """
 
+import asyncio
+import json
 import logging
+import time
 import traceback
+from typing import Any, Protocol
 
-from durable.ports import Response, WorkspaceDirectory
+from directory.audit import AuditRecord, redact
+from durable import operations as ops
+from durable.ports import DirectoryStub, Response, Workspaces
 from durable.settings import Settings
-from protocol import PROTOCOL_VERSION
+from durable.timefmt import parse_iso_ms
+from protocol import PROTOCOL_VERSION, limits
 from protocol.errors import ProtocolError
-from worker.auth import TokenCheck
-from worker.prepare import NO_PARAMS
+from protocol.keys import parse_key_request, split_key, validate_key_id
+from protocol.validate import validate_name
+from worker.auth import TokenCheck, bearer
+from worker.authorize import ADMIN, ADMIN_ONLY, Principal, allows, may_list
+from worker.prepare import NO_PARAMS, read_json
 from worker.query import parse_query
 from worker.request import EdgeRequest
-from worker.routes import MethodNotAllowed, match
+from worker.routes import DeploymentEndpoint, Endpoint, MethodNotAllowed, Route, match
 
 log = logging.getLogger("flarebox.edge")
 
+DEFAULT_PAGE = 100  # records or workspaces one listing answers unless `limit` says otherwise
+
+
+class AccessGate(Protocol):
+    """Cloudflare Access in front of every route (worker/access.py); absent when not configured."""
+
+    async def check(self, headers: dict[str, str]) -> None:
+        """Raise ProtocolError('access_denied') unless the request carries a valid Access JWT."""
+
 
 class Edge:
-    def __init__(self, *, token: str | None, settings: Settings, directory: WorkspaceDirectory, version: str):
+    def __init__(
+        self,
+        *,
+        token: str | None,
+        settings: Settings,
+        workspaces: Workspaces,
+        directory: DirectoryStub,
+        version: str,
+        access: AccessGate | None = None,
+    ):
         self._auth = TokenCheck(token)
         self._token = token
         self._settings = settings
+        self._workspaces = workspaces
         self._directory = directory
         self._version = version
+        self._access = access
 
     async def handle(self, req: EdgeRequest) -> Response:
+        started = time.monotonic()
+        principal: Principal | None = None
+        route: Route | None = None
+        detail: dict[str, Any] = {}
         try:
-            self._auth.check(req.headers.get("authorization"))
+            if self._access is not None:
+                await self._access.check(req.headers)
+            principal = await self._principal(req.headers.get("authorization"))
             route = match(req.method, req.path)
             endpoint = route.endpoint
-            if endpoint is None:
-                parse_query(req.query, NO_PARAMS)
-                return Response.json(200, {"ok": True, "protocol": PROTOCOL_VERSION, "version": self._version})
-            args = await endpoint.prepare(req, route.request_id, self._settings)
-            body = req.body.stream if endpoint.operation.streams_body and req.body is not None else None
-            stub = self._directory.get(route.namespace, route.workspace)
-            return await stub.call(endpoint.operation.name, args, body)
+            if isinstance(endpoint, DeploymentEndpoint):
+                if endpoint.need is ADMIN_ONLY and not principal.admin:
+                    raise ProtocolError("forbidden", "only the deployment token manages keys")
+                response = await getattr(self, f"_{endpoint.name}")(req, route, principal, detail)
+            else:
+                response = await self._workspace_call(req, route, endpoint, principal, detail)
         except MethodNotAllowed as err:
             response = Response.error(err)
             response.headers["allow"] = err.allow
-            return response
         except ProtocolError as err:
-            return Response.error(self._redacted(err))
+            response = Response.error(self._redacted(err))
         except Exception as exc:  # never leak exception text to the client
             self._log_unexpected(req, exc)
-            return Response.error(ProtocolError("internal_error"))
+            response = Response.error(ProtocolError("internal_error"))
+        if principal is not None and route is not None and route.endpoint.audited:
+            await self._audit(principal, route, response, detail, started)
+        return response
+
+    # --- credentials --------------------------------------------------------------------------------------------
+
+    async def _principal(self, authorization: str | None) -> Principal:
+        self._auth.require_configured()
+        presented = bearer(authorization)
+        if self._auth.is_token(presented):
+            return ADMIN
+        if split_key(presented) is None:  # refused here: garbage never loads the directory
+            raise ProtocolError("unauthorized")
+        record = await self._ask("verify_key", {"key": presented})
+        return Principal(
+            key_id=record["id"],
+            label=record["label"],
+            namespace=record["namespace"],
+            workspace=record["workspace"],
+            scopes=frozenset(record["scopes"]),
+        )
+
+    async def _ask(self, op: str, args: dict[str, Any]) -> Any:
+        """One call to the directory object. A refusal passes through; a directory that cannot answer is 503 —
+        never a request let through unchecked."""
+        try:
+            return await self._directory.call(op, args)
+        except ProtocolError:
+            raise
+        except Exception:
+            log.exception("the directory failed on %s", op)
+            raise ProtocolError("directory_unavailable") from None
+
+    # --- workspace routes ---------------------------------------------------------------------------------------
+
+    async def _workspace_call(
+        self, req: EdgeRequest, route: Route, endpoint: Endpoint, principal: Principal, detail: dict[str, Any]
+    ) -> Response:
+        if not allows(principal, endpoint.need, route.namespace, route.workspace):
+            raise ProtocolError("forbidden")
+        args = await endpoint.prepare(req, route.request_id, self._settings)
+        detail.update(_detail_of(args, self._token))
+        body = req.body.stream if endpoint.operation.streams_body and req.body is not None else None
+        stub = self._workspaces.get(route.namespace, route.workspace)
+        if endpoint.operation is ops.PUT_CONFIG:
+            return await self._create(route, stub, args)
+        response = await stub.call(endpoint.operation.name, args, body)
+        if _forgotten(endpoint.operation, response):
+            await self._unindex(route.namespace, route.workspace)
+        return response
+
+    async def _create(self, route: Route, stub: Any, args: Any) -> Response:
+        """PUT of a workspace: a slot in the index first (the namespace cap), given back when the workspace turns
+        out not to exist after a failed create (it may exist all the same: a concurrent PUT made it)."""
+        reserved = await self._reserve(route.namespace, route.workspace)
+        try:
+            response = await stub.call(ops.PUT_CONFIG.name, args)
+        except BaseException:
+            if reserved["created"]:
+                await self._unindex_if_gone(route.namespace, route.workspace)
+            raise
+        if reserved["created"] and response.status >= 300:
+            await self._unindex_if_gone(route.namespace, route.workspace)
+        return response
+
+    async def _reserve(self, namespace: str, workspace: str) -> dict[str, bool]:
+        """A slot for the workspace. At the cap, the index may still count ephemeral workspaces that forgot
+        themselves when they went idle: those are dropped and the slot asked for once more."""
+        args = {"namespace": namespace, "workspace": workspace}
+        try:
+            return await self._ask("reserve_workspace", args)
+        except ProtocolError as err:
+            if err.code != "quota_exceeded":
+                raise
+        after = None
+        while True:
+            page = await self._ask(
+                "list_workspaces",
+                {"namespace": namespace, "workspace": None, "after": after, "limit": limits.MAX_PAGE_RECORDS},
+            )
+            await asyncio.gather(*(self._unindex_if_gone(ns, ws) for ns, ws in page["workspaces"]))
+            after = page["next"]
+            if after is None:
+                return await self._ask("reserve_workspace", args)
+
+    async def _unindex_if_gone(self, namespace: str, workspace: str) -> None:
+        try:
+            response = await self._workspaces.get(namespace, workspace).call(ops.GET.name, ops.NoArgs())
+        except Exception:
+            log.exception("could not check whether %s/%s exists", namespace, workspace)
+            return  # kept: a slot too many beats a workspace missing from the index
+        if _code_of(_json_of(response)) == "workspace_not_found":
+            await self._unindex(namespace, workspace)
+
+    async def _unindex(self, namespace: str, workspace: str) -> None:
+        """Drop a workspace that is gone from the index. Best effort: the workspace's own answer stands whatever
+        happens here (an entry left behind is dropped by the next listing, or when the namespace is at its cap)."""
+        try:
+            await self._ask("unindex_workspace", {"namespace": namespace, "workspace": workspace})
+        except ProtocolError as err:
+            log.error("could not drop %s/%s from the index (%s)", namespace, workspace, err.code)
+
+    # --- deployment routes --------------------------------------------------------------------------------------
+
+    async def _health(self, req: EdgeRequest, route: Route, principal: Principal, detail: dict) -> Response:
+        parse_query(req.query, NO_PARAMS)
+        return Response.json(200, {"ok": True, "protocol": PROTOCOL_VERSION, "version": self._version})
+
+    async def _mint_key(self, req: EdgeRequest, route: Route, principal: Principal, detail: dict) -> Response:
+        parse_query(req.query, NO_PARAMS)
+        request = parse_key_request(await read_json(req, empty_ok=False))
+        detail.update(target=(request.namespace, request.workspace))
+        minted = await self._ask("mint_key", {"request": {**request.__dict__, "scopes": list(request.scopes)}})
+        detail.update(target_key_id=minted["id"], scopes=minted["scopes"])
+        return Response.json(201, minted, {"cache-control": "no-store"})
+
+    async def _list_keys(self, req: EdgeRequest, route: Route, principal: Principal, detail: dict) -> Response:
+        query = parse_query(req.query, frozenset(("namespace",)))
+        namespace = _name_param(query, "namespace")
+        return Response.json(200, {"keys": await self._ask("list_keys", {"namespace": namespace})})
+
+    async def _revoke_key(self, req: EdgeRequest, route: Route, principal: Principal, detail: dict) -> Response:
+        parse_query(req.query, NO_PARAMS)
+        key_id = validate_key_id(route.key_id)
+        detail.update(target_key_id=key_id)
+        revoked = await self._ask("revoke_key", {"key_id": key_id})
+        detail.update(target=(revoked["namespace"], revoked["workspace"]))
+        return Response.json(200, {"revoked": True, "key": revoked})
+
+    async def _list_workspaces(self, req: EdgeRequest, route: Route, principal: Principal, detail: dict) -> Response:
+        query = parse_query(req.query, frozenset(("namespace", "limit", "after")))
+        namespace = _name_param(query, "namespace")
+        if not may_list(principal, namespace):
+            raise ProtocolError("forbidden")
+        if not principal.admin:
+            namespace = principal.namespace
+        page = await self._ask(
+            "list_workspaces",
+            {
+                "namespace": namespace,
+                "workspace": principal.workspace,
+                "after": _cursor_param(query),
+                "limit": _limit_param(query),
+            },
+        )
+        entries = await asyncio.gather(*(self._status(ns, ws) for ns, ws in page["workspaces"]))
+        return Response.json(200, {"workspaces": [e for e in entries if e is not None], "next": page["next"]})
+
+    async def _status(self, namespace: str, workspace: str) -> dict[str, Any] | None:
+        """A listed workspace's status object; None (and out of the index) when it no longer exists — an
+        ephemeral workspace forgets itself when it goes idle."""
+        try:
+            response = await self._workspaces.get(namespace, workspace).call(ops.GET.name, ops.NoArgs())
+            answer = _json_of(response)
+        except Exception:
+            log.exception("listing: the status of %s/%s failed", namespace, workspace)
+            answer, response = None, Response(500)
+        if response.status == 200 and isinstance(answer, dict):
+            return answer
+        code = _code_of(answer)
+        if code == "workspace_not_found":
+            await self._unindex(namespace, workspace)
+            return None
+        return {"namespace": namespace, "workspace": workspace, "state": None, "error": code or "internal_error"}
+
+    async def _list_audit(self, req: EdgeRequest, route: Route, principal: Principal, detail: dict) -> Response:
+        query = parse_query(req.query, frozenset(("namespace", "workspace", "since", "before", "limit")))
+        namespace = _name_param(query, "namespace")
+        workspace = _name_param(query, "workspace")
+        if workspace is not None and namespace is None:
+            raise ProtocolError("invalid_query", "workspace needs namespace")
+        if not principal.admin and ("manage" not in principal.scopes or not may_list(principal, namespace, workspace)):
+            raise ProtocolError("forbidden")
+        if not principal.admin:
+            namespace, workspace = principal.namespace, workspace or principal.workspace
+        since_ms = None
+        if "since" in query:
+            since_ms = parse_iso_ms(query["since"])
+            if since_ms is None:
+                raise ProtocolError("invalid_query", "since is a timestamp such as 2026-12-01T09:00:00Z")
+        before = None
+        if "before" in query:
+            if not (query["before"].isascii() and query["before"].isdigit() and len(query["before"]) <= 18):
+                raise ProtocolError("invalid_query", "before is the `next` of the previous page")
+            before = int(query["before"])
+        page = await self._ask(
+            "list_audit",
+            {
+                "namespace": namespace,
+                "workspace": workspace,
+                "since_ms": since_ms,
+                "before": before,
+                "limit": _limit_param(query),
+            },
+        )
+        return Response.json(200, page)
+
+    # --- audit --------------------------------------------------------------------------------------------------
+
+    async def _audit(
+        self, principal: Principal, route: Route, response: Response, detail: dict[str, Any], started: float
+    ) -> None:
+        endpoint = route.endpoint
+        namespace, workspace = detail.pop("target", (route.namespace, route.workspace))
+        operation = endpoint.name if isinstance(endpoint, DeploymentEndpoint) else endpoint.operation.name
+        record = AuditRecord(
+            key_id=principal.key_id,
+            key_label=None if principal.admin else principal.label,
+            namespace=namespace,
+            workspace=workspace,
+            operation=operation,
+            request_id=detail.pop("request_id", None),
+            status=response.status,
+            code=_code_of(_json_of(response)) if response.status >= 400 else None,
+            duration_ms=int((time.monotonic() - started) * 1000),
+            detail=detail,
+        )
+        try:
+            await self._ask("append_audit", {"record": record.to_json()})
+        except ProtocolError:
+            # the request already happened; its answer stands, and the gap is in the log for the operator
+            log.error("audit record lost for %s on %s/%s (%s)", operation, namespace, workspace, response.status)
+
+    # --- errors -------------------------------------------------------------------------------------------------
 
     def _redacted(self, err: ProtocolError) -> ProtocolError:
-        """Messages may quote what the client sent (an unknown field or query key): never quote the token back."""
-        if self._token and self._token in err.message:
-            return ProtocolError(err.code, err.message.replace(self._token, "[redacted]"))
-        return err
+        """Messages may quote what the client sent (an unknown field or query key): never quote a secret back."""
+        message = redact(err.message, self._token)
+        return err if message == err.message else ProtocolError(err.code, message)
 
     def _log_unexpected(self, req: EdgeRequest, exc: Exception) -> None:
-        text = "".join(traceback.format_exception(exc))
-        if self._token:
-            text = text.replace(self._token, "[redacted]")  # belt and braces: the token never reaches a log
+        text = redact("".join(traceback.format_exception(exc)), self._token)  # a secret never reaches a log
         log.error("internal error on %s %s\n%s", req.method, req.path[:200], text)
+
+
+def _detail_of(args: Any, token: str | None) -> dict[str, Any]:
+    """What the audit log keeps of an operation's arguments: a command's text, a file's path and size (text the
+    caller chose, so redacted: a caller may quote a secret in it)."""
+    if isinstance(args, ops.ExecArgs):
+        return {"request_id": args.request.request_id, "command": redact(args.request.command, token)}
+    if isinstance(args, ops.CancelArgs):
+        return {"request_id": args.request_id}
+    if isinstance(args, ops.WriteFileArgs):
+        return {"path": redact(args.path, token), "size": args.length}
+    return {}
+
+
+def _forgotten(operation: ops.Operation, response: Response) -> bool:
+    """The call ended the workspace: a DELETE (or one already gone), or the stop of an ephemeral workspace."""
+    if operation is ops.DELETE:
+        return response.status == 200 or _code_of(_json_of(response)) == "workspace_not_found"
+    if operation is ops.STOP and response.status == 200:
+        answer = _json_of(response)
+        return isinstance(answer, dict) and answer.get("deleted") is True
+    return False
+
+
+def _json_of(response: Response) -> Any:
+    """A buffered JSON answer's value (None for a stream or anything else)."""
+    if not isinstance(response.body, bytes | bytearray) or not response.body:
+        return None
+    try:
+        return json.loads(response.body)
+    except ValueError:
+        return None
+
+
+def _code_of(answer: Any) -> str | None:
+    if isinstance(answer, dict) and isinstance(answer.get("error"), dict):
+        code = answer["error"].get("code")
+        return code if isinstance(code, str) else None
+    return None
+
+
+def _name_param(query: dict[str, str], name: str) -> str | None:
+    if name not in query:
+        return None
+    try:
+        return validate_name(query[name], name)
+    except ProtocolError as err:
+        raise ProtocolError("invalid_query", err.message) from None
+
+
+def _limit_param(query: dict[str, str]) -> int:
+    raw = query.get("limit")
+    if raw is None:
+        return DEFAULT_PAGE
+    if not (raw.isascii() and raw.isdigit() and 1 <= int(raw) <= limits.MAX_PAGE_RECORDS):
+        raise ProtocolError("invalid_query", f"limit is a whole number from 1 to {limits.MAX_PAGE_RECORDS}")
+    return int(raw)
+
+
+def _cursor_param(query: dict[str, str]) -> str | None:
+    raw = query.get("after")
+    if raw is None:
+        return None
+    ns, _, ws = raw.partition("/")
+    try:
+        validate_name(ns)
+        validate_name(ws)
+    except ProtocolError:
+        raise ProtocolError("invalid_query", "after is the `next` of the previous page") from None
+    return raw

@@ -46,7 +46,7 @@ def _is_json(content_type: str | None) -> bool:
     return content_type is not None and content_type.split(";", 1)[0].strip().lower() == "application/json"
 
 
-async def _read_json(req: EdgeRequest, *, empty_ok: bool) -> dict:
+async def read_json(req: EdgeRequest, *, empty_ok: bool) -> dict:
     is_json = _is_json(req.headers.get("content-type"))
     if not is_json and not empty_ok:
         raise ProtocolError("unsupported_media_type")
@@ -112,13 +112,13 @@ async def delete(req: EdgeRequest, request_id: str | None, settings: Settings) -
 
 async def put_config(req: EdgeRequest, request_id: str | None, settings: Settings) -> PutConfigArgs:
     parse_query(req.query, NO_PARAMS)
-    obj = await _read_json(req, empty_ok=True)
+    obj = await read_json(req, empty_ok=True)
     return PutConfigArgs(_deployment_config(parse_workspace_config(obj), settings))
 
 
 async def exec_(req: EdgeRequest, request_id: str | None, settings: Settings) -> ExecArgs:
     parse_query(req.query, NO_PARAMS)
-    obj = await _read_json(req, empty_ok=False)
+    obj = await read_json(req, empty_ok=False)
     return ExecArgs(parse_exec_request(obj))  # the workspace trusts this; the supervisor checks it again
 
 

@@ -56,8 +56,10 @@ class Harness:
         """Start a container behind the object's back."""
         self.admin.post("/__harness/orphan", params={"object": object_name}).raise_for_status()
 
-    def evict(self, object_name: str) -> None:
-        self.admin.post("/__harness/evict", params={"object": object_name}).raise_for_status()
+    def evict(self, object_name: str, binding: str = "WORKSPACE") -> None:
+        """Drop the object's Python instance (the next call constructs a fresh one); binding="DIRECTORY" for the
+        directory object."""
+        self.admin.post("/__harness/evict", params={"object": object_name, "binding": binding}).raise_for_status()
 
     def container(self, object_name: str) -> dict:
         return self.admin.get("/__harness/container", params={"object": object_name}).json()
@@ -68,7 +70,13 @@ def _vendor_sdk() -> None:
 
 
 @pytest.fixture(scope="module")
-def harness():
+def harness_vars() -> dict[str, str]:
+    """Extra Worker vars for this module's harness; a test module overrides this fixture to set its own."""
+    return {}
+
+
+@pytest.fixture(scope="module")
+def harness(harness_vars):
     if not NODE.exists():
         pytest.fail("node_modules is missing: run `scripts/setup.sh dev` (npm ci)")
     _vendor_sdk()
@@ -80,6 +88,7 @@ def harness():
         "ALLOWED_INSTANCE_TYPES": "lite,standard-1",
         "DEFAULT_INSTANCE_TYPE": "standard-1",
         "SNAPSHOT_INTERVAL_SECONDS": "0",
+        **harness_vars,
     }
     # Short path: the supervisor's unix socket lives under it (sun_path is 108 bytes).
     state = tempfile.mkdtemp(prefix="cfh-", dir="/tmp")  # noqa: S108

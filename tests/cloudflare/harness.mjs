@@ -4,8 +4,9 @@
 // What is real: Pyodide (the npm release matching wrangler.jsonc's compatibility_date), the vendored
 // workers-runtime-sdk, src/entry.py and everything it imports, and the supervisor (python -m flarebox_supervisor)
 // running in a bubblewrap sandbox. What is faked, keeping the binding shapes the SDK checks: env (vars and the
-// WORKSPACE Durable Object namespace), ctx.storage (SQL on node:sqlite, alarms on timers) and ctx.container
-// (start/monitor/destroy/getTcpPort/snapshotContainer/setInactivityTimeout over that sandbox).
+// WORKSPACE and DIRECTORY Durable Object namespaces), ctx.storage (SQL on node:sqlite, alarms on timers) and, for
+// Workspace objects only, ctx.container (start/monitor/destroy/getTcpPort/snapshotContainer/setInactivityTimeout
+// over that sandbox).
 //
 // Configuration (environment):
 //   HARNESS_ROOT    the repository (src/, python_modules/)       HARNESS_STATE  a scratch directory
@@ -38,8 +39,12 @@ const realNow = Date.now;
 let clockOffsetMs = 0;
 Date.now = () => realNow() + clockOffsetMs;
 
-// Knobs tests turn through POST /__harness/knobs.
-const knobs = { startDelayMs: 0, failSnapshot: false };
+// Knobs tests turn through POST /__harness/knobs. directoryFault breaks the DIRECTORY objects: "fetch" makes their
+// stubs' fetch reject (the object unreachable, as when the runtime resets it), "storage" makes their SQL throw (the
+// Python code fails inside the object). canned answers for an object instead of it, keyed "<BINDING>:<name>":
+// { status, contentType, body, repeat, suffix } (body repeated `repeat` times, then suffix), to try the stubs on
+// answers the real objects never give.
+const knobs = { startDelayMs: 0, failSnapshot: false, directoryFault: null, canned: {} };
 // Every binding call, in order, for tests to assert on.
 const calls = [];
 const record = (api, object, detail = {}) => calls.push({ api, object, at: Date.now(), ...detail });
@@ -74,10 +79,14 @@ function sqlValue(v) {
 }
 
 class SqlStorage {
-  constructor(db) {
-    this.db = db;
+  constructor(object) {
+    this.object = object;
+    this.db = object.db;
   }
   exec(query, ...bindings) {
+    if (knobs.directoryFault === "storage" && this.object.kind === CLASSES.DIRECTORY) {
+      throw new Error("SQLITE_IOERR: disk I/O error (harness knob directoryFault)");
+    }
     const trimmed = query.trim().replace(/;\s*$/, "");
     if (bindings.length === 0 && trimmed.includes(";")) {
       this.db.exec(query); // several statements, as the runtime allows without bindings
@@ -101,9 +110,11 @@ class SqlStorage {
 class DurableObjectStorage {
   constructor(object) {
     this.object = object;
-    this.sql = new SqlStorage(object.db);
+    this.sql = new SqlStorage(object);
   }
   async setAlarm(ms) {
+    // as the runtime: only a class with an alarm() handler may set an alarm
+    if (!this.object.kind.alarms) throw new Error(`${this.object.kind.className} has no alarm() handler`);
     record("storage.setAlarm", this.object.name, { at: Number(ms) });
     this.object.armAlarm(Number(ms));
   }
@@ -352,13 +363,22 @@ class DurableObjectId {
   }
 }
 
+// The Durable Object classes of wrangler.jsonc, by binding. Only a class with a "containers" entry has
+// ctx.container on the platform; only a class with an alarm() handler may set alarms.
+const CLASSES = {
+  WORKSPACE: { binding: "WORKSPACE", className: "Workspace", container: true, alarms: true },
+  DIRECTORY: { binding: "DIRECTORY", className: "Directory", container: false, alarms: false },
+};
+
 class DurableObject {
-  constructor(name) {
+  constructor(kind, name) {
+    this.kind = kind;
     this.name = name;
-    fs.mkdirSync(path.join(STATE, "do"), { recursive: true });
-    this.db = new DatabaseSync(path.join(STATE, "do", new DurableObjectId(name).toString() + ".sqlite"));
+    const dir = path.join(STATE, "do", kind.binding.toLowerCase()); // one directory per class: no file collides
+    fs.mkdirSync(dir, { recursive: true });
+    this.db = new DatabaseSync(path.join(dir, new DurableObjectId(name).toString() + ".sqlite"));
     this.storage = new DurableObjectStorage(this);
-    this.container = new Container(this);
+    this.container = kind.container ? new Container(this) : null;
     this.alarmAt = null;
     this.alarmTimer = null;
     this.instance = null;
@@ -371,14 +391,14 @@ class DurableObject {
       const ctx = {
         id: new DurableObjectId(this.name),
         storage: this.storage,
-        container: this.container,
+        ...(this.container ? { container: this.container } : {}), // absent, not null, as on the platform
         waitUntil: (p) => {
           record("ctx.waitUntil", this.name);
           Promise.resolve(p).then(() => record("ctx.waitUntil.settled", this.name), () => {});
         },
         blockConcurrencyWhile: async (fn) => await fn(),
       };
-      this.instance = python.entry.Workspace(ctx, env);
+      this.instance = python.entry[this.kind.className](ctx, env);
     }
     return this.instance;
   }
@@ -407,17 +427,19 @@ class DurableObject {
   }
 
   async fetch(request) {
+    record("object.fetch", this.name, { binding: this.kind.binding, path: new URL(request.url).pathname });
     const response = await this.py.fetch(python.Request(request));
     return response.js_object;
   }
 }
 
 class DurableObjectNamespace {
-  constructor() {
+  constructor(kind) {
+    this.kind = kind;
     this.objects = new Map();
   }
   object(name) {
-    if (!this.objects.has(name)) this.objects.set(name, new DurableObject(name));
+    if (!this.objects.has(name)) this.objects.set(name, new DurableObject(this.kind, name));
     return this.objects.get(name);
   }
   idFromName(name) {
@@ -430,13 +452,26 @@ class DurableObjectNamespace {
     record("namespace.getByName", name);
     const object = this.object(name);
     return {
-      fetch: async (input, init) => object.fetch(new Request(input, init?.body ? { ...init, duplex: "half" } : init)),
+      fetch: async (input, init) => {
+        if (knobs.directoryFault === "fetch" && this.kind === CLASSES.DIRECTORY) {
+          record("harness.directoryFault", name);
+          throw new Error("Durable Object reset because its code was updated. (harness knob directoryFault)");
+        }
+        const canned = knobs.canned?.[`${this.kind.binding}:${name}`];
+        if (canned) {
+          record("harness.canned", name, { status: canned.status });
+          const body = canned.body.repeat(canned.repeat ?? 1) + (canned.suffix ?? "");
+          return new Response(body, { status: canned.status, headers: { "content-type": canned.contentType } });
+        }
+        return object.fetch(new Request(input, init?.body ? { ...init, duplex: "half" } : init));
+      },
     };
   }
 }
 
-const namespace = new DurableObjectNamespace();
-const env = { ...VARS, WORKSPACE: namespace };
+const namespace = new DurableObjectNamespace(CLASSES.WORKSPACE);
+const directories = new DurableObjectNamespace(CLASSES.DIRECTORY);
+const env = { ...VARS, WORKSPACE: namespace, DIRECTORY: directories };
 
 // ---------------------------------------------------------------------------------------------------------------
 // Python: Pyodide with src/ and the vendored SDK mounted, plus the two modules workerd injects.
@@ -473,6 +508,8 @@ const python = { entry: py.pyimport("entry"), Request: py.pyimport("workers").Re
 
 async function admin(url, req) {
   const name = url.searchParams.get("object");
+  // ?binding=DIRECTORY addresses a directory object (evict); the default is a workspace object
+  const objects = url.searchParams.get("binding") === "DIRECTORY" ? directories : namespace;
   const json = (obj, status = 200) => new Response(JSON.stringify(obj), { status, headers: { "content-type": "application/json" } });
   if (url.pathname === "/__harness/calls") return json(calls);
   if (url.pathname === "/__harness/knobs") {
@@ -488,8 +525,14 @@ async function admin(url, req) {
     const results = await Promise.all(due.map(async (o) => [o.name, await o.fireAlarm()]));
     return json({ fired: Object.fromEntries(results) });
   }
-  const object = name && namespace.objects.get(name);
+  const object = name && objects.objects.get(name);
   if (!object) return json({ error: "unknown object" }, 404);
+  if (url.pathname === "/__harness/evict") {
+    record("harness.evict", name);
+    object.instance = null;
+    return json({ evicted: true });
+  }
+  if (!object.container) return json({ error: "the object has no container" }, 400);
   if (url.pathname === "/__harness/crash") {
     object.container.crash();
     return json({ crashed: true });
@@ -498,11 +541,6 @@ async function admin(url, req) {
     // A container the object does not know about (left running by a boot an eviction interrupted).
     object.container.start({ image: IMAGES.hermes, enableInternet: true });
     return json({ started: true });
-  }
-  if (url.pathname === "/__harness/evict") {
-    record("harness.evict", name);
-    object.instance = null;
-    return json({ evicted: true });
   }
   if (url.pathname === "/__harness/container") {
     return json({ running: object.container.running, state: object.container.state, alarmAt: object.alarmAt });

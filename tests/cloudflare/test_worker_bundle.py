@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 
+from durable.settings import Settings
 from standalone.config import read_jsonc
 
 REPO = Path(__file__).resolve().parents[2]
@@ -52,6 +53,10 @@ def test_bundle_holds_the_worker_and_its_packages(dry_run):
         "durable/ports.py",
         "cloudflare/host.py",
         "cloudflare/container.py",
+        "cloudflare/directory_host.py",
+        "directory/directory.py",
+        "directory/store.py",
+        "directory/audit.py",
     ):
         assert module in files, module
     assert "python_modules/workers/__init__.py" in files  # the vendored SDK production imports
@@ -69,12 +74,22 @@ def test_bundle_leaves_out_what_the_worker_does_not_import(dry_run):
 
 
 @pytest.mark.timeout(300)
-def test_config_declares_the_object_its_container_and_vars(dry_run):
+def test_config_declares_the_objects_the_container_and_vars(dry_run):
     _, _, stdout = dry_run
     assert "env.WORKSPACE (Workspace)" in stdout and "Durable Object" in stdout
+    assert "env.DIRECTORY (Directory)" in stdout  # the directory object: keys, the workspace index, the audit log
     assert "Workspace (durable_object)" in stdout  # the container application, per-object scheduling
     config = read_jsonc(REPO / "wrangler.jsonc")
-    assert config["migrations"] == [{"tag": "v1", "new_sqlite_classes": ["Workspace"]}]
+    assert config["durable_objects"]["bindings"] == [
+        {"name": "WORKSPACE", "class_name": "Workspace"},
+        {"name": "DIRECTORY", "class_name": "Directory"},
+    ]
+    # append-only: v1 as deployed, then the directory's own SQLite-backed class
+    assert config["migrations"] == [
+        {"tag": "v1", "new_sqlite_classes": ["Workspace"]},
+        {"tag": "v2", "new_sqlite_classes": ["Directory"]},
+    ]
+    assert [c["class_name"] for c in config["containers"]] == ["Workspace"]  # the directory runs no container
     assert config["containers"][0]["images"]["hermes"]["dockerfile"] == "container/Dockerfile"
     assert (REPO / "container" / "Dockerfile").exists()
     assert "SANDBOX_API_TOKEN" not in config["vars"]  # a secret, never a var
@@ -84,5 +99,13 @@ def test_config_declares_the_object_its_container_and_vars(dry_run):
         "ALLOWED_INSTANCE_TYPES",
         "DEFAULT_INSTANCE_TYPE",
         "SNAPSHOT_INTERVAL_SECONDS",
+        "MAX_WORKSPACES_PER_NAMESPACE",
+        "AUDIT_MAX_RECORDS",
+        "AUDIT_MAX_AGE_DAYS",
+        "ACCESS_TEAM_DOMAIN",
+        "ACCESS_AUD",
     ):
         assert f"env.{name}" in stdout
+    # the documented defaults are the built-in ones (the standalone runtime reads these vars as its defaults;
+    # the empty Access vars mean "off")
+    assert Settings.from_vars(config["vars"]) == Settings.from_vars({})

@@ -2,18 +2,24 @@
 
 A code, limit, event type, phase, container state or exit reason added to src/protocol without being documented in
 both files fails here; so does a route dropped from either document, or a schema that rejects what the code emits.
+Routes, the scope each one needs and whether it is audited are read from src/worker/routes.py; settings from
+src/durable/settings.py; key shapes and scopes from src/protocol/keys.py.
 """
 
 import ast
 import json
 import re
 from pathlib import Path
+from typing import Any
 
 import pytest
 import yaml
 from jsonschema import Draft202012Validator
 from openapi_spec_validator import validate as validate_openapi
 
+from directory.directory import Directory
+from durable.ports import Response
+from durable.settings import SETTING_VARS, Settings
 from protocol import (
     ERRORS,
     LIMITS,
@@ -30,6 +36,12 @@ from protocol import (
     status_event,
 )
 from protocol import events as ev
+from protocol.keys import KEY_ID_PATTERN, KEY_PATTERN, SCOPES, parse_key_request
+from standalone.storage import SqliteStorage
+from worker.authorize import ADMIN_ONLY, ANY_SCOPE
+from worker.edge import Edge
+from worker.request import EdgeRequest
+from worker.routes import DEPLOYMENT_ROUTES, WORKSPACE_ROUTES, DeploymentEndpoint, Endpoint
 
 ROOT = Path(__file__).resolve().parents[2]
 PROTOCOL_MD = ROOT / "docs" / "protocol.md"
@@ -117,6 +129,34 @@ def code_cell(cell: str) -> str | None:
 
 def operations(spec: dict) -> set[tuple[str, str]]:
     return {(method.upper(), path) for path, item in spec["paths"].items() for method in item if method in HTTP_METHODS}
+
+
+def code_routes() -> dict[tuple[str, str], Endpoint | DeploymentEndpoint]:
+    """(method, OpenAPI path) → endpoint, for every route of src/worker/routes.py."""
+    routes: dict[tuple[str, str], Endpoint | DeploymentEndpoint] = {}
+    for rest, methods in WORKSPACE_ROUTES.items():
+        path = W + "".join("/" + ("{request_id}" if seg == "{id}" else seg) for seg in rest)
+        routes.update({(method, path): endpoint for method, endpoint in methods.items()})
+    for segments, methods in DEPLOYMENT_ROUTES.items():
+        path = "/v1" + "".join("/" + ("{key_id}" if seg == "{key}" else seg) for seg in segments)
+        routes.update({(method, path): endpoint for method, endpoint in methods.items()})
+    return routes
+
+
+def doc_route(span: str) -> tuple[str, str] | None:
+    """`POST W/exec` or `DELETE /v1/keys/{key_id}` (a code span of protocol.md) as (method, OpenAPI path)."""
+    match = re.fullmatch(r"(GET|PUT|POST|DELETE) (W|/v1)(\S*)", span)
+    if not match:
+        return None
+    return match.group(1), (W if match.group(2) == "W" else "/v1") + match.group(3)
+
+
+def documented_codes(spec: dict, method: str, path: str, status: str) -> set[str]:
+    response = spec["paths"][path][method.lower()]["responses"].get(status)
+    if response is None:
+        return set()
+    described = spec["components"]["responses"][response["$ref"].rsplit("/", 1)[1]]["description"]
+    return set(re.findall(r"`([a-z_]+)`", described)) & set(ERRORS)
 
 
 # --- the OpenAPI document itself --------------------------------------------------------------------------------
@@ -239,6 +279,11 @@ def test_design_routes_exist_in_openapi(spec):
     assert DESIGN_ROUTES <= operations(spec), DESIGN_ROUTES - operations(spec)
 
 
+def test_openapi_operations_are_exactly_the_routes_of_the_code(spec):
+    """WORKSPACE_ROUTES and DEPLOYMENT_ROUTES (keys, the workspace list, the audit log, health) against the paths."""
+    assert operations(spec) == set(code_routes()), operations(spec) ^ set(code_routes())
+
+
 def test_design_md_routes_exist_in_openapi(spec):
     """If the architecture document sits beside the repository (as in the team's checkout), read §3 from it too."""
     design = ROOT.parent / "shared" / "DESIGN.md"
@@ -277,6 +322,21 @@ def test_parameters_and_schemas_carry_the_protocol_patterns(spec):
             assert (f"{{{name}}}" in path) == (component in declared), f"{path}: {name}"
     assert params["Namespace"]["schema"] == {"$ref": "#/components/schemas/Name"}
     assert params["RequestId"]["schema"] == {"$ref": "#/components/schemas/RequestId"}
+    for path, item in spec["paths"].items():
+        declared = {p["$ref"].rsplit("/", 1)[1] for p in item.get("parameters", [])}
+        assert ("{key_id}" in path) == ("KeyId" in declared), path
+    assert params["KeyId"]["schema"] == {"$ref": "#/components/schemas/KeyId"}
+    assert schemas["KeyId"]["pattern"] == KEY_ID_PATTERN
+    assert schemas["MintedKey"]["properties"]["key"]["pattern"] == f"^{KEY_PATTERN}$"
+    assert schemas["Scope"]["enum"] == list(SCOPES)
+    assert schemas["KeyLabel"]["maxLength"] == limits.MAX_KEY_LABEL_CHARS
+    expires = schemas["KeyRequest"]["properties"]["expires_in"]["anyOf"][0]
+    assert (expires["minimum"], expires["maximum"]) == (1, limits.MAX_KEY_EXPIRES_IN_SECONDS)
+    assert (params["Limit"]["schema"]["minimum"], params["Limit"]["schema"]["maximum"]) == (1, limits.MAX_PAGE_RECORDS)
+    # the minted key is the key object plus `key`
+    key, minted = schemas["Key"], schemas["MintedKey"]
+    assert minted["properties"] == {**key["properties"], "key": minted["properties"]["key"]}
+    assert minted["required"] == [*key["required"], "key"]
 
 
 def test_every_curl_example_route_exists_and_every_route_has_one(doc, spec):
@@ -289,7 +349,8 @@ def test_every_curl_example_route_exists_and_every_route_has_one(doc, spec):
                 continue
             url = re.search(r'"\$(W|FLAREBOX_URL)([^"?]*)', command)
             assert url, f"curl example without $W or $FLAREBOX_URL: {command}"
-            path = (W if url.group(1) == "W" else "") + url.group(2).replace("$RID", "{request_id}")
+            path = (W if url.group(1) == "W" else "") + url.group(2)
+            path = path.replace("$RID", "{request_id}").replace("$KEY_ID", "{key_id}")
             explicit = re.search(r"-X (\w+)", command)
             sends_body = re.search(r"(^| )(-d|--data-binary|--data) ", command) and " -G " not in command
             method = explicit.group(1) if explicit else ("POST" if sends_body else "GET")
@@ -460,10 +521,284 @@ def test_doc_event_examples_are_valid_streams(doc, spec):
 
 def test_doc_json_examples_match_their_schemas(doc, spec):
     blocks = [json.loads(block) for lang, block in fenced_blocks(doc) if lang == "json"]
-    kinds = {"error": "Error", "state": "Status", "command": "ExecRequest"}
+    # the first field an example has names its schema (an audit record has `command` too: `seq` comes first)
+    kinds = {
+        "error": "Error",
+        "seq": "AuditRecord",
+        "key": "MintedKey",
+        "scopes": "KeyRequest",
+        "state": "Status",
+        "command": "ExecRequest",
+    }
     checked = set()
     for block in blocks:
         kind = next(kinds[key] for key in kinds if key in block)
         schema_validator(spec, kind).validate(block)
         checked.add(kind)
     assert checked == set(kinds.values())
+
+
+# --- authorization, scoped keys and the audit log ----------------------------------------------------------------
+
+NEEDS = {"any credential": ANY_SCOPE, "any scope": ANY_SCOPE, "the deployment token only": ADMIN_ONLY}
+
+
+def test_the_scope_table_is_what_each_route_needs(doc):
+    """§3.2 names, for every route, the scope a key needs (or "any", or the deployment token only): routes.py's."""
+    text = section(doc, "3. Authentication")
+    table = text[text.index("### 3.2") :].split("\n### ")[0]
+    documented: dict[tuple[str, str], Any] = {}
+    for cells in table_rows(table):
+        routes = [doc_route(span) for span in re.findall(r"`([^`]+)`", cells[0])]
+        if not routes or None in routes:
+            continue
+        scopes = re.findall(r"`([a-z]+)`", cells[1])
+        words = [words for words in NEEDS if cells[1].startswith(words)]
+        assert len(words) + len(scopes) == 1, f"one need per row: {cells}"
+        for route in routes:
+            assert route not in documented, f"{route} appears twice in the scope table"
+            documented[route] = scopes[0] if scopes else NEEDS[words[0]]
+    assert documented == {route: endpoint.need for route, endpoint in code_routes().items()}
+
+
+def test_the_documented_scopes_are_the_scopes_of_the_code(doc):
+    text = section(doc, "3. Authentication")
+    named = set(re.findall(r"^\| [^|]+ \| `([a-z]+)`", text, re.M)) | {"proxy"}
+    assert named == set(SCOPES)
+    assert "`proxy`" in text  # the reserved scope is explained
+
+
+def test_the_audited_routes_are_the_documented_ones(doc, spec):
+    text = section(doc, "6. Routes")
+    recorded = text[text.index("**What is recorded.**") :].split("\n\n")[0]
+    documented = {route for span in re.findall(r"`([^`]+)`", recorded) if (route := doc_route(span))}
+    audited = {route for route, endpoint in code_routes().items() if endpoint.audited}
+    assert documented == audited
+    # an audit record's `operation`: the workspace operation's name, or the deployment handler's
+    names = {
+        e.name if isinstance(e, DeploymentEndpoint) else e.operation.name for e in code_routes().values() if e.audited
+    }
+    enum = spec["components"]["schemas"]["AuditRecord"]["properties"]["operation"]["enum"]
+    assert len(enum) == len(set(enum)) and set(enum) == names
+
+
+def test_every_operation_documents_the_credential_codes(spec):
+    """Access and the credential can refuse anything; a key can be refused everywhere but health; a key is checked
+    by the directory on every route."""
+    for method, path in operations(spec):
+        assert {"unauthorized", "access_denied"} <= documented_codes(spec, method, path, "401"), (method, path)
+        assert {"not_configured", "directory_unavailable"} <= documented_codes(spec, method, path, "503"), path
+        assert "storage_full" in documented_codes(spec, method, path, "507"), (method, path)
+        forbidden = "forbidden" in documented_codes(spec, method, path, "403")
+        assert forbidden == ((method, path) != ("GET", "/v1/health")), (method, path)
+    assert "quota_exceeded" in documented_codes(spec, "PUT", W, "403")
+    assert "quota_exceeded" in documented_codes(spec, "POST", "/v1/keys", "403")
+    assert "key_not_found" in documented_codes(spec, "DELETE", "/v1/keys/{key_id}", "404")
+    for path in (W + "/files",):
+        for method in ("GET", "PUT"):
+            assert {"forbidden", "permission_denied"} <= documented_codes(spec, method, path, "403")
+
+
+GOOD_KEY_REQUESTS = [
+    {"namespace": "ns", "scopes": ["exec"]},
+    {"namespace": "ns", "workspace": "ws", "scopes": list(SCOPES), "expires_in": 86400, "label": "ci runner ✓"},
+    {"namespace": "ns", "workspace": None, "scopes": ["files", "files"], "expires_in": None, "label": None},
+    {"namespace": "ns", "scopes": ["manage"], "expires_in": limits.MAX_KEY_EXPIRES_IN_SECONDS},
+    {"namespace": "ns", "scopes": ["snapshots"], "expires_in": 1, "label": "x" * limits.MAX_KEY_LABEL_CHARS},
+]
+BAD_KEY_REQUESTS = [
+    {"scopes": ["exec"]},
+    {"namespace": "ns"},
+    {"namespace": "ns", "scopes": []},
+    {"namespace": "ns", "scopes": "exec"},
+    {"namespace": "ns", "scopes": ["root"]},
+    {"namespace": "ns", "scopes": [1]},
+    {"namespace": "Bad", "scopes": ["exec"]},
+    {"namespace": None, "scopes": ["exec"]},
+    {"namespace": "ns", "workspace": "", "scopes": ["exec"]},
+    {"namespace": "ns", "scopes": ["exec"], "expires_in": 0},
+    {"namespace": "ns", "scopes": ["exec"], "expires_in": limits.MAX_KEY_EXPIRES_IN_SECONDS + 1},
+    {"namespace": "ns", "scopes": ["exec"], "expires_in": True},
+    {"namespace": "ns", "scopes": ["exec"], "expires_in": "60"},
+    {"namespace": "ns", "scopes": ["exec"], "label": "x" * (limits.MAX_KEY_LABEL_CHARS + 1)},
+    {"namespace": "ns", "scopes": ["exec"], "label": "two\nlines"},
+    {"namespace": "ns", "scopes": ["exec"], "label": 5},
+    {"namespace": "ns", "scopes": ["exec"], "admin": True},
+]
+
+
+@pytest.mark.parametrize("body", GOOD_KEY_REQUESTS)
+def test_key_requests_the_code_accepts_match_the_schema(spec, body):
+    schema_validator(spec, "KeyRequest").validate(body)
+    parse_key_request(body)
+
+
+@pytest.mark.parametrize("body", BAD_KEY_REQUESTS)
+def test_key_requests_the_code_rejects_the_schema_rejects(spec, body):
+    with pytest.raises(ProtocolError):
+        parse_key_request(body)
+    assert not schema_validator(spec, "KeyRequest").is_valid(body)
+
+
+# --- what the edge answers on the new routes, against the schemas -----------------------------------------------
+
+TOKEN = "d" * 40
+STATUS = {
+    "namespace": "ns",
+    "workspace": "ws",
+    "state": "created",
+    "config": {"image": "hermes", "instance": "standard-1", "persistent": True, "cwd": "/workspace"},
+    "running": False,
+    "busy": False,
+    "last_snapshot": None,
+    "created_at": "2026-11-29T08:00:00.000Z",
+    "last_activity_at": "2026-11-29T08:00:00.000Z",
+    "booted": False,
+}
+
+
+class _Clock:
+    def now_ms(self) -> int:
+        return 1_800_000_000_000
+
+
+class _Body:
+    def __init__(self, data: bytes = b""):
+        self.data = data
+        self.stream = object()
+
+    async def read(self, limit: int) -> bytes:
+        return self.data
+
+
+class _Workspace:
+    """Answers as a workspace object would: status objects, a written file, a deleted workspace — or, for the names
+    in `gone`, workspace_not_found (an ephemeral workspace that forgot itself)."""
+
+    def __init__(self, workspaces: "_Workspaces", namespace: str, workspace: str):
+        self.workspaces, self.namespace, self.workspace = workspaces, namespace, workspace
+
+    async def call(self, op: str, args: Any, body: Any = None) -> Response:
+        if (self.namespace, self.workspace) in self.workspaces.gone:
+            return Response.error(ProtocolError("workspace_not_found"))
+        status = {**STATUS, "namespace": self.namespace, "workspace": self.workspace}
+        if op == "put_config":
+            return Response.json(201, status)
+        if op == "write_file":
+            return Response.json(200, {"path": args.path, "size": args.length})
+        if op in ("delete", "stop"):
+            return Response.json(200, {"deleted": True})
+        if op == "exec":
+            return Response(200, b'{"type":"exit","exit_code":0,"reason":"exited","duration_ms":1}\n')
+        return Response.json(200, status)
+
+
+class _Workspaces:
+    def __init__(self):
+        self.gone: set[tuple[str, str]] = set()
+
+    def get(self, namespace: str, workspace: str) -> _Workspace:
+        return _Workspace(self, namespace, workspace)
+
+
+async def _send(edge: Edge, method: str, path: str, query: str = "", credential: str = TOKEN, body=None, **headers):
+    request_headers = {"authorization": f"Bearer {credential}", **headers}
+    if body is not None:
+        data = json.dumps(body).encode()
+        request_headers.update({"content-type": "application/json", "content-length": str(len(data))})
+    response = await edge.handle(
+        EdgeRequest(method, path, query, request_headers, _Body(data if body is not None else b""))
+    )
+    return response.status, json.loads(response.body) if response.body else None, response.headers
+
+
+async def test_the_edge_answers_on_key_list_and_audit_routes_match_the_schemas(spec, tmp_path):
+    storage = SqliteStorage(tmp_path / "directory.sqlite3")
+    workspaces = _Workspaces()
+    edge = Edge(
+        token=TOKEN,
+        settings=Settings(),
+        workspaces=workspaces,
+        directory=Directory(storage, _Clock(), Settings()),
+        version="0.0.0",
+    )
+    try:
+        request = {"namespace": "ns", "scopes": ["exec", "files"], "label": "ci", "expires_in": 60}
+        status, minted, headers = await _send(edge, "POST", "/v1/keys", body=request)
+        assert (status, headers["cache-control"]) == (201, "no-store")
+        schema_validator(spec, "MintedKey").validate(minted)
+        key = minted["key"]
+        status, one, _ = await _send(
+            edge, "POST", "/v1/keys", body={"namespace": "ns", "workspace": "a", "scopes": ["manage"]}
+        )
+        schema_validator(spec, "MintedKey").validate(one)
+
+        # workspaces, one of which forgets itself; requests of every audited kind, by the token and by the key
+        for ws in ("a", "b", "gone"):
+            assert (await _send(edge, "PUT", f"/v1/workspaces/ns/{ws}", body={}))[0] == 201
+        command = {"request_id": "0" * 32, "command": f"deploy --token {TOKEN} --key {key}"}
+        assert (await _send(edge, "POST", "/v1/workspaces/ns/a/exec", credential=key, body=command))[0] == 200
+        upload = await edge.handle(
+            EdgeRequest(
+                "PUT",
+                "/v1/workspaces/ns/a/files",
+                "path=/workspace/x",
+                {"authorization": f"Bearer {key}", "content-length": "3"},
+                _Body(b"abc"),
+            )
+        )
+        assert upload.status == 200
+        assert (await _send(edge, "POST", "/v1/workspaces/ns/a/stop", credential=key))[0] == 403
+        workspaces.gone.add(("ns", "gone"))
+
+        status, listing, _ = await _send(edge, "GET", "/v1/workspaces", "limit=2")
+        assert status == 200
+        schema_validator(spec, "WorkspaceList").validate(listing)
+        assert [w["workspace"] for w in listing["workspaces"]] == ["a", "b"] and listing["next"] == "ns/b"
+        status, rest, _ = await _send(edge, "GET", "/v1/workspaces", "after=ns/b")
+        assert (status, rest) == (200, {"workspaces": [], "next": None})  # dropped from the index, left out
+        assert (await _send(edge, "GET", "/v1/workspaces", credential=key))[1]["workspaces"] == listing["workspaces"]
+
+        status, keys, _ = await _send(edge, "GET", "/v1/keys", "namespace=ns")
+        schema_validator(spec, "KeyList").validate(keys)
+        assert [k["id"] for k in keys["keys"]] == sorted([minted["id"], one["id"]])  # minted in the same ms: by id
+        status, revoked, _ = await _send(edge, "DELETE", f"/v1/keys/{one['id']}")
+        assert status == 200
+        schema_validator(spec, "Revoked").validate(revoked)
+        assert (await _send(edge, "DELETE", f"/v1/keys/{one['id']}"))[1]["error"]["code"] == "key_not_found"
+
+        status, page, _ = await _send(edge, "GET", "/v1/audit", "limit=1000")
+        assert status == 200
+        schema_validator(spec, "AuditPage").validate(page)
+        operations_seen = {r["operation"] for r in page["records"]}
+        assert {"mint_key", "revoke_key", "put_config", "exec", "write_file", "stop"} <= operations_seen
+        text = json.dumps(page)
+        assert TOKEN not in text and key not in text and "[redacted]" in text
+        assert (await _send(edge, "GET", "/v1/audit", credential=key))[1]["error"]["code"] == "forbidden"
+    finally:
+        storage.close()
+
+
+# --- settings ---------------------------------------------------------------------------------------------------
+
+
+def _setting_value(value: Any) -> str | None:
+    if isinstance(value, bool):
+        return str(value).lower()
+    if isinstance(value, tuple):
+        return ",".join(value)
+    return None if value is None else str(value)
+
+
+def test_every_setting_is_in_the_doc_table_with_its_default(doc):
+    documented = {}
+    for cells in table_rows(section(doc, "12. Deployment settings")):
+        name = code_cell(cells[0])
+        if name and len(cells) >= 3:
+            assert cells[2], f"{name} needs a meaning"
+            default = re.match(r"`([^`]*)`", cells[1])
+            documented[name] = default.group(1) if default else None
+    assert set(documented) == {"SANDBOX_API_TOKEN", *SETTING_VARS}
+    defaults = Settings.from_vars({})
+    for name in SETTING_VARS:
+        assert documented[name] == _setting_value(getattr(defaults, name.lower())), name

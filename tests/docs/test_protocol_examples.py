@@ -213,8 +213,8 @@ def test_the_documents_curl_examples_work_as_printed(walk):
     assert started["container"] == "fresh"
     assert events[-1]["exit_code"] == 0 and output_of(events).endswith("/workspace\n")
 
-    # §3 token generation prints a token long enough for the server
-    (generate,) = sh_blocks("3. Authentication")
+    # §3.1 token generation prints a token long enough for the server
+    (generate,) = sh_blocks("3.1")
     assert len(walk.run(generate).strip()) >= 32
 
     # §6.2–6.4 health, PUT with the defaults spelled out (identical config → 200 status), GET
@@ -242,6 +242,36 @@ def test_the_documents_curl_examples_work_as_printed(walk):
     cancelled = json.loads(walk.run(sh_blocks("6.8")[0], RID=rid))
     schema("CancelResult").validate(cancelled)
     assert cancelled == {"request_id": rid, "state": "finished"}
+
+    # §6.15 mint a key (the secret is shown once), mint one for an agent and use it, list the keys
+    mint, mint_and_use, list_keys = sh_blocks("6.15")
+    minted = json.loads(walk.run(mint))
+    schema("MintedKey").validate(minted)
+    assert (minted["namespace"], minted["workspace"], minted["scopes"]) == ("personal", "demo", ["exec", "files"])
+    status_by_key, *agent_events = json_values(walk.run(mint_and_use))
+    schema("Status").validate(status_by_key)
+    assert events_of("\n".join(json.dumps(e) for e in agent_events))[-1]["exit_code"] == 0
+    keys = json.loads(walk.run(list_keys))
+    schema("KeyList").validate(keys)
+    assert [k["label"] for k in keys["keys"]] == ["ci runner", "agent"]
+    assert all("key" not in k for k in keys["keys"])
+
+    # §6.17 the list of workspaces; §6.18 the audit log holds the agent's command, never a secret
+    listed = json.loads(walk.run(sh_blocks("6.17")[0]))
+    schema("WorkspaceList").validate(listed)
+    assert [(w["namespace"], w["workspace"]) for w in listed["workspaces"]] == [("personal", "demo")]
+    audit = json.loads(walk.run(sh_blocks("6.18")[0]))
+    schema("AuditPage").validate(audit)
+    by_agent = [r for r in audit["records"] if r["key_label"] == "agent"]
+    assert [(r["operation"], r["command"], r["status"]) for r in by_agent] == [("exec", "id -un", 200)]
+    assert minted["key"] not in json.dumps(audit)
+
+    # §6.16 revoke: the key is refused from then on
+    revoked = json.loads(walk.run(sh_blocks("6.16")[0], KEY=minted["key"]))
+    schema("Revoked").validate(revoked)
+    assert revoked["key"]["id"] == minted["id"]
+    refused = httpx.get(w, headers={"Authorization": f"Bearer {minted['key']}"})
+    assert refused.status_code == 401 and refused.json()["error"]["code"] == "unauthorized"
 
     # §6.10 uploads (from local files), then §6.9 downloads (of files put there first)
     (walk.cwd / "data.csv").write_text("a,b\n1,2\n")

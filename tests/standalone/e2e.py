@@ -270,3 +270,31 @@ def sandbox_pids(server: "ServerProcess", workspace: str) -> list[int]:
         elif parent != 0 and any(f"/{key}" in cgroup for key in keys) and not _is_bwrap(parent):
             pids.append(int(entry))  # the outer bwrap of a sandbox whose server died (its parent is not bwrap)
     return sorted(pids)
+
+
+class Made:
+    """What a test made with the deployment token (keys, workspaces), removed at its end even when it fails:
+    subclasses add how they mint."""
+
+    def __init__(self, server: "ServerProcess"):
+        from flarebox_hermes.client import Client
+
+        self.server = server
+        self.client = Client(server.url, server.token)
+        self.keys: list[str] = []
+        self.workspaces: list[tuple[str, str]] = []
+
+    def close(self) -> None:
+        from flarebox_hermes.client import ApiError
+
+        for key_id in self.keys:
+            try:
+                self.client.revoke_key(key_id)
+            except ApiError:
+                pass  # the test revoked it
+        for ns, ws in self.workspaces:
+            try:
+                self.client.delete_workspace(ns, ws)
+            except ApiError:
+                pass
+        self.client.close()

@@ -3,9 +3,12 @@ end-to-end by the standalone and Cloudflare suites)."""
 
 import json
 
+from directory.directory import Directory
 from durable import operations
 from durable.ports import Response
+from durable.settings import Settings
 from protocol.errors import ProtocolError
+from standalone.storage import SqliteStorage
 from worker.request import EdgeRequest
 
 TOKEN = "t" * 40
@@ -30,18 +33,18 @@ class Body:
 
 
 class Stub:
-    def __init__(self, directory, ns, ws):
-        self.directory, self.ns, self.ws = directory, ns, ws
+    def __init__(self, workspaces, ns, ws):
+        self.workspaces, self.ns, self.ws = workspaces, ns, ws
 
     async def call(self, op, args, body=None):
         # recorded as they cross a Durable Object stub: the arguments' JSON
-        self.directory.calls.append((self.ns, self.ws, op, operations.to_json(args), body))
-        if self.directory.raise_exc is not None:
-            raise self.directory.raise_exc
-        return self.directory.response
+        self.workspaces.calls.append((self.ns, self.ws, op, operations.to_json(args), body))
+        if self.workspaces.raise_exc is not None:
+            raise self.workspaces.raise_exc
+        return self.workspaces.response
 
 
-class Directory:
+class Workspaces:
     def __init__(self):
         self.calls = []
         self.response = Response(200, b"ok")
@@ -61,3 +64,16 @@ async def send(edge, method, path, query="", headers=None, body=None):
 
 def error(resp):
     return resp.status, json.loads(resp.body)["error"]["code"]
+
+
+class FixedClock:
+    def __init__(self, ms: int = 1_800_000_000_000):
+        self.ms = ms
+
+    def now_ms(self) -> int:
+        return self.ms
+
+
+def directory_object(settings: Settings | None = None, clock: FixedClock | None = None) -> Directory:
+    """The real directory object over an in-memory SQLite database."""
+    return Directory(SqliteStorage(":memory:"), clock or FixedClock(), settings or Settings())

@@ -4,7 +4,7 @@ import hashlib
 import json
 
 import pytest
-from edge_doubles import TOKEN, Body, Directory, auth
+from edge_doubles import TOKEN, Body, Workspaces, auth, directory_object
 
 from durable.settings import Settings
 from protocol import limits
@@ -23,8 +23,10 @@ ROUTES = [
 
 
 def make_edge(token):
-    directory = Directory()
-    return Edge(token=token, settings=Settings(), directory=directory, version="0.1.0"), directory
+    workspaces = Workspaces()
+    return Edge(
+        token=token, settings=Settings(), workspaces=workspaces, directory=directory_object(), version="0.1.0"
+    ), workspaces
 
 
 def code(resp):
@@ -34,12 +36,12 @@ def code(resp):
 @pytest.mark.parametrize("token", [None, "", "x" * (limits.MIN_TOKEN_CHARS - 1)])
 @pytest.mark.parametrize("method,path,query", ROUTES)
 async def test_missing_or_short_secret_is_503_everywhere(token, method, path, query):
-    edge, directory = make_edge(token)
+    edge, workspaces = make_edge(token)
     body = Body(forbidden=True)
     headers = {**auth(token or "whatever"), "content-type": "application/json", "content-length": "10"}
     resp = await edge.handle(EdgeRequest(method, path, query, headers, body))
     assert (resp.status, code(resp)) == (503, "not_configured")
-    assert not body.read_called and directory.calls == []
+    assert not body.read_called and workspaces.calls == []
 
 
 @pytest.mark.parametrize(
@@ -58,14 +60,14 @@ async def test_missing_or_short_secret_is_503_everywhere(token, method, path, qu
 )
 @pytest.mark.parametrize("method,path,query", ROUTES)
 async def test_wrong_token_is_401_before_anything(header, method, path, query):
-    edge, directory = make_edge(TOKEN)
+    edge, workspaces = make_edge(TOKEN)
     body = Body(forbidden=True)
     headers = {"content-type": "application/json", "content-length": "10"}
     if header is not None:
         headers["authorization"] = header
     resp = await edge.handle(EdgeRequest(method, path, query, headers, body))
     assert (resp.status, code(resp)) == (401, "unauthorized")
-    assert not body.read_called and directory.calls == []
+    assert not body.read_called and workspaces.calls == []
     assert TOKEN.encode() not in resp.body
 
 
@@ -98,6 +100,6 @@ async def test_comparison_is_between_fixed_length_digests(monkeypatch):
 
 
 async def test_health_starts_nothing():
-    edge, directory = make_edge(TOKEN)
+    edge, workspaces = make_edge(TOKEN)
     resp = await edge.handle(EdgeRequest("GET", "/v1/health", "", auth()))
-    assert resp.status == 200 and directory.calls == []
+    assert resp.status == 200 and workspaces.calls == []

@@ -5,7 +5,7 @@ import json
 import logging
 
 import pytest
-from edge_doubles import Body, Directory, auth, error, send
+from edge_doubles import Body, Workspaces, auth, directory_object, error, send
 
 from durable.settings import Settings
 from protocol.errors import ProtocolError
@@ -27,8 +27,10 @@ EXEC_BODY = json.dumps({"request_id": RID, "command": "true"}).encode()
 
 @pytest.fixture
 def edge():
-    directory = Directory()
-    return Edge(token="t" * 40, settings=SETTINGS, directory=directory, version="9.9"), directory
+    workspaces = Workspaces()
+    return Edge(
+        token="t" * 40, settings=SETTINGS, workspaces=workspaces, directory=directory_object(), version="9.9"
+    ), workspaces
 
 
 # (method, path, a valid query, headers, body): each is accepted as given, and refused with one unknown parameter
@@ -50,13 +52,13 @@ ROUTES = [
 
 @pytest.mark.parametrize("method,path,query,headers,data", ROUTES)
 async def test_every_route_refuses_an_unknown_query_parameter(edge, method, path, query, headers, data):
-    e, directory = edge
+    e, workspaces = edge
     assert (await send(e, method, path, query, headers, Body(data))).status == 200
-    calls = len(directory.calls)
+    calls = len(workspaces.calls)
     extra = "&".join(filter(None, [query, "unknown=1"]))
     resp = await send(e, method, path, extra, headers, Body(data))
     assert error(resp) == (400, "invalid_query")
-    assert len(directory.calls) == calls  # the workspace was not called
+    assert len(workspaces.calls) == calls  # the workspace was not called
 
 
 @pytest.mark.parametrize("method,path,query,headers,data", ROUTES)
@@ -79,24 +81,24 @@ NON_ASCII_LENGTHS = ["１２", "١٢", "१२", "²", "1２", " ١٢ "]
 
 @pytest.mark.parametrize("length", NON_ASCII_LENGTHS)
 async def test_a_json_content_length_in_non_ascii_digits_is_refused_unread(edge, length):
-    e, directory = edge
+    e, workspaces = edge
     body = Body(EXEC_BODY, forbidden=True)
     resp = await send(e, "POST", W + "/exec", headers={**JSON, "content-length": length}, body=body)
     assert error(resp) == (400, "invalid_json")
-    assert not body.read_called and directory.calls == []
+    assert not body.read_called and workspaces.calls == []
 
 
 @pytest.mark.parametrize("length", NON_ASCII_LENGTHS)
 async def test_an_upload_length_in_non_ascii_digits_is_length_required(edge, length):
-    e, directory = edge
+    e, workspaces = edge
     resp = await send(e, "PUT", W + "/files", "path=/workspace/a", {"content-length": length}, Body(forbidden=True))
     assert error(resp) == (411, "length_required")
-    assert directory.calls == []
+    assert workspaces.calls == []
 
 
 async def test_an_internal_error_is_logged_with_its_traceback_but_never_the_token(edge, caplog):
-    e, directory = edge
-    directory.raise_exc = RuntimeError("boom-detail " + "t" * 40)
+    e, workspaces = edge
+    workspaces.raise_exc = RuntimeError("boom-detail " + "t" * 40)
     with caplog.at_level(logging.ERROR, logger="flarebox.edge"):
         resp = await send(e, "GET", W + "/snapshots")
     assert error(resp) == (500, "internal_error")
@@ -109,8 +111,8 @@ async def test_an_internal_error_is_logged_with_its_traceback_but_never_the_toke
 
 
 async def test_a_protocol_error_is_not_logged_as_internal(edge, caplog):
-    e, directory = edge
-    directory.raise_exc = ProtocolError("workspace_not_found")
+    e, workspaces = edge
+    workspaces.raise_exc = ProtocolError("workspace_not_found")
     with caplog.at_level(logging.ERROR, logger="flarebox.edge"):
         assert error(await send(e, "GET", W)) == (404, "workspace_not_found")
     assert not [r for r in caplog.records if r.name == "flarebox.edge"]
@@ -120,9 +122,9 @@ async def test_a_protocol_error_is_not_logged_as_internal(edge, caplog):
 
 
 async def test_a_content_length_with_surrounding_whitespace_is_accepted(edge):
-    e, directory = edge
+    e, workspaces = edge
     resp = await send(e, "PUT", W + "/files", "path=/workspace/a", {"content-length": " 3 "}, Body(b"abc"))
-    assert resp.status == 200 and directory.calls[-1][3]["length"] == 3
+    assert resp.status == 200 and workspaces.calls[-1][3]["length"] == 3
     resp = await send(
         e, "POST", W + "/exec", headers={**JSON, "content-length": f" {len(EXEC_BODY)}\t"}, body=Body(EXEC_BODY)
     )
@@ -130,7 +132,7 @@ async def test_a_content_length_with_surrounding_whitespace_is_accepted(edge):
 
 
 async def test_a_content_length_of_18_digits_is_a_number_and_19_digits_malformed(edge):
-    e, directory = edge
+    e, workspaces = edge
     for digits, expected in (("9" * 18, (413, "payload_too_large")), ("1" + "0" * 18, (400, "invalid_json"))):
         body = Body(EXEC_BODY, forbidden=True)
         resp = await send(e, "POST", W + "/exec", headers={**JSON, "content-length": digits}, body=body)
@@ -140,7 +142,7 @@ async def test_a_content_length_of_18_digits_is_a_number_and_19_digits_malformed
     assert error(resp) == (413, "file_too_large")
     resp = await send(e, "PUT", W + "/files", "path=/a", {"content-length": "1" + "0" * 18}, Body(forbidden=True))
     assert error(resp) == (411, "length_required")
-    assert directory.calls == []
+    assert workspaces.calls == []
 
 
 @pytest.mark.parametrize(
@@ -153,11 +155,11 @@ async def test_a_content_length_of_18_digits_is_a_number_and_19_digits_malformed
     ],
 )
 async def test_exec_without_a_json_content_type_is_refused_unread(edge, headers, data):
-    e, directory = edge
+    e, workspaces = edge
     body = Body(data, forbidden=True)
     resp = await send(e, "POST", W + "/exec", headers=headers, body=body)
     assert error(resp) == (415, "unsupported_media_type")
-    assert not body.read_called and directory.calls == []
+    assert not body.read_called and workspaces.calls == []
 
 
 @pytest.mark.parametrize("route", ["cancel", "reattach"])
@@ -179,9 +181,9 @@ def test_an_unknown_parameter_is_quoted_back_at_most_64_characters():
 
 @pytest.mark.parametrize("path", ["xv1/health", "v1/health", "", "?v1/health"])
 async def test_a_path_not_starting_with_a_slash_is_not_found(edge, path):
-    e, directory = edge
+    e, workspaces = edge
     assert error(await send(e, "GET", path)) == (404, "not_found")
-    assert directory.calls == []
+    assert workspaces.calls == []
 
 
 def test_routes_and_endpoints_are_immutable():
@@ -198,7 +200,7 @@ def test_routes_and_endpoints_are_immutable():
 
 
 async def test_the_token_quoted_in_an_error_message_is_redacted(edge):
-    e, directory = edge
+    e, workspaces = edge
     token = "t" * 40
     resp = await send(e, "GET", W, f"{token}=1")
     assert error(resp) == (400, "invalid_query")

@@ -4,7 +4,7 @@ and valid requests reach the workspace as exactly one (op, args, body) call whos
 import json
 
 import pytest
-from edge_doubles import Body, Directory, error, send
+from edge_doubles import Body, Workspaces, directory_object, error, send
 
 from durable.ports import Response
 from durable.settings import Settings
@@ -29,8 +29,10 @@ def exec_body(**extra):
 
 @pytest.fixture
 def edge():
-    directory = Directory()
-    return Edge(token="t" * 40, settings=SETTINGS, directory=directory, version="9.9"), directory
+    workspaces = Workspaces()
+    return Edge(
+        token="t" * 40, settings=SETTINGS, workspaces=workspaces, directory=directory_object(), version="9.9"
+    ), workspaces
 
 
 # --- valid requests reach the workspace with the documented op and args ------------------------------------
@@ -51,17 +53,17 @@ def edge():
     ],
 )
 async def test_routes_map_to_ops(edge, method, path, query, op, args):
-    e, directory = edge
+    e, workspaces = edge
     resp = await send(e, method, path, query)
-    assert resp is directory.response
-    assert directory.calls == [("team", "proj", op, args, None)]
+    assert resp is workspaces.response
+    assert workspaces.calls == [("team", "proj", op, args, None)]
 
 
 async def test_exec_passes_the_normalized_request(edge):
-    e, directory = edge
+    e, workspaces = edge
     resp = await send(e, "POST", W + "/exec", headers=JSON, body=Body(exec_body(timeout=5, env={"A": "1"})))
-    assert resp is directory.response
-    (_, _, op, args, body) = directory.calls[0]
+    assert resp is workspaces.response
+    (_, _, op, args, body) = workspaces.calls[0]
     assert op == "exec" and body is None
     assert args == {
         "request": {
@@ -77,56 +79,56 @@ async def test_exec_passes_the_normalized_request(edge):
 
 
 async def test_json_content_type_with_charset_is_accepted(edge):
-    e, directory = edge
+    e, workspaces = edge
     headers = {"content-type": "Application/JSON; charset=utf-8"}
     resp = await send(e, "POST", W + "/exec", headers=headers, body=Body(exec_body()))
-    assert resp.status == 200 and directory.calls[0][2] == "exec"
+    assert resp.status == 200 and workspaces.calls[0][2] == "exec"
 
 
 async def test_put_config_is_normalized_with_the_default_instance(edge):
-    e, directory = edge
+    e, workspaces = edge
     await send(e, "PUT", W, headers=JSON, body=Body(b'{"image":"python","persistent":false}'))
-    assert directory.calls[0][2:4] == (
+    assert workspaces.calls[0][2:4] == (
         "put_config",
         {"config": {"image": "python", "instance": "standard-1", "persistent": False, "cwd": "/workspace"}},
     )
 
 
 async def test_put_config_without_a_body_means_defaults(edge):
-    e, directory = edge
+    e, workspaces = edge
     await send(e, "PUT", W, headers={"content-length": "0"})
-    assert directory.calls[0][3] == {
+    assert workspaces.calls[0][3] == {
         "config": {"image": "hermes", "instance": "standard-1", "persistent": True, "cwd": "/workspace"}
     }
 
 
 async def test_write_file_passes_the_stream_unread(edge):
-    e, directory = edge
+    e, workspaces = edge
     body = Body(forbidden=True)
     await send(e, "PUT", W + "/files", "path=/workspace/x&mode=0755", {"content-length": "1000"}, body)
-    assert directory.calls == [
+    assert workspaces.calls == [
         ("team", "proj", "write_file", {"path": "/workspace/x", "mode": 0o755, "length": 1000}, body.stream)
     ]
     assert not body.read_called
 
 
 async def test_workspace_response_passes_through_untouched(edge):
-    e, directory = edge
+    e, workspaces = edge
     stream = object()
-    directory.response = Response(200, stream, {"content-type": "application/x-ndjson"})
+    workspaces.response = Response(200, stream, {"content-type": "application/x-ndjson"})
     resp = await send(e, "POST", W + "/exec", headers=JSON, body=Body(exec_body()))
     assert resp.body is stream
 
 
 async def test_workspace_protocol_errors_keep_their_status(edge):
-    e, directory = edge
-    directory.raise_exc = ProtocolError("workspace_not_found")
+    e, workspaces = edge
+    workspaces.raise_exc = ProtocolError("workspace_not_found")
     assert error(await send(e, "GET", W)) == (404, "workspace_not_found")
 
 
 async def test_unexpected_errors_are_generic_500s(edge, caplog):
-    e, directory = edge
-    directory.raise_exc = RuntimeError("secret detail " + "t" * 40)
+    e, workspaces = edge
+    workspaces.raise_exc = RuntimeError("secret detail " + "t" * 40)
     resp = await send(e, "GET", W)
     assert error(resp) == (500, "internal_error")
     assert b"secret detail" not in resp.body
@@ -187,11 +189,11 @@ BAD_ROUTES = [
 
 @pytest.mark.parametrize("method,path,query,status,code", BAD_ROUTES)
 async def test_route_and_query_errors(edge, method, path, query, status, code):
-    e, directory = edge
+    e, workspaces = edge
     body = Body(forbidden=True)
     resp = await send(e, method, path, query, {"content-length": "5"}, body)
     assert error(resp) == (status, code)
-    assert directory.calls == [] and not body.read_called
+    assert workspaces.calls == [] and not body.read_called
     if status == 405:
         assert resp.headers["allow"]
 
@@ -230,36 +232,36 @@ async def test_route_and_query_errors(edge, method, path, query, status, code):
     ],
 )
 async def test_body_errors(edge, path, headers, data, status, code):
-    e, directory = edge
+    e, workspaces = edge
     method = "PUT" if path == W else "POST"
     resp = await send(e, method, path, headers=headers, body=Body(data))
     assert error(resp) == (status, code)
-    assert directory.calls == []
+    assert workspaces.calls == []
 
 
 async def test_declared_oversize_json_is_refused_before_reading(edge):
-    e, directory = edge
+    e, workspaces = edge
     body = Body(forbidden=True)
     headers = {**JSON, "content-length": str(limits.MAX_BODY_BYTES + 1)}
     resp = await send(e, "POST", W + "/exec", headers=headers, body=body)
     assert error(resp) == (413, "payload_too_large")
-    assert not body.read_called and directory.calls == []
+    assert not body.read_called and workspaces.calls == []
 
 
 async def test_a_json_body_at_the_limit_is_read(edge):
-    e, directory = edge
+    e, workspaces = edge
     data = exec_body()
     data = data + b" " * (limits.MAX_BODY_BYTES - len(data))
     resp = await send(e, "POST", W + "/exec", headers={**JSON, "content-length": str(len(data))}, body=Body(data))
-    assert resp.status == 200 and directory.calls[0][2] == "exec"
+    assert resp.status == 200 and workspaces.calls[0][2] == "exec"
 
 
 async def test_a_malformed_json_content_length_is_refused_unread(edge):
-    e, directory = edge
+    e, workspaces = edge
     body = Body(forbidden=True)
     resp = await send(e, "POST", W + "/exec", headers={**JSON, "content-length": "12x"}, body=body)
     assert error(resp) == (400, "invalid_json")
-    assert not body.read_called and directory.calls == []
+    assert not body.read_called and workspaces.calls == []
 
 
 @pytest.mark.parametrize(
@@ -271,8 +273,8 @@ async def test_a_malformed_json_content_length_is_refused_unread(edge):
     ],
 )
 async def test_upload_length_rules(edge, headers, status, code):
-    e, directory = edge
+    e, workspaces = edge
     body = Body(forbidden=True)
     resp = await send(e, "PUT", W + "/files", "path=/workspace/x", headers, body)
     assert error(resp) == (status, code)
-    assert directory.calls == [] and not body.read_called
+    assert workspaces.calls == [] and not body.read_called

@@ -1,0 +1,60 @@
+"""Who may do what: a credential's principal, and the one decision every request goes through.
+
+The edge turns a credential into a Principal (the deployment token: ADMIN; a scoped key: its record) and each route
+declares what it needs (worker/routes.py). `allows` is the whole policy; it knows nothing of whether a workspace
+exists, so an answer can never say so (out of scope is 403 either way).
+"""
+
+from dataclasses import dataclass
+
+ADMIN_ONLY = None  # a route's need when no key may use it (minting and revoking keys)
+
+
+@dataclass(frozen=True)
+class Principal:
+    key_id: str | None  # None: the deployment token
+    label: str = ""
+    namespace: str | None = None  # a key's namespace
+    workspace: str | None = None  # a key's one workspace, or None for every workspace of its namespace
+    scopes: frozenset[str] = frozenset()
+
+    @property
+    def admin(self) -> bool:
+        return self.key_id is None
+
+    def covers(self, namespace: str | None, workspace: str | None) -> bool:
+        """The target lies inside this principal's reach (admin: everything). A None target component means
+        "all of them": a namespace-wide key covers (ns, None), a one-workspace key does not."""
+        if self.admin:
+            return True
+        if namespace != self.namespace:
+            return False
+        return self.workspace is None or workspace == self.workspace
+
+
+ADMIN = Principal(None)
+
+# What a route needs: a scope, ANY_SCOPE (reading a workspace's status: every key on it may), or ADMIN_ONLY.
+ANY_SCOPE = "*"
+
+
+def allows(principal: Principal, need: str | None, namespace: str | None, workspace: str | None) -> bool:
+    """May `principal` do what needs `need` on (namespace, workspace)? None components mean the route's whole
+    range (listing every workspace of a namespace, or of the deployment)."""
+    if principal.admin:
+        return True
+    if need is ADMIN_ONLY:
+        return False
+    if need != ANY_SCOPE and need not in principal.scopes:
+        return False
+    return principal.covers(namespace, workspace)
+
+
+def may_list(principal: Principal, namespace: str | None, workspace: str | None = None) -> bool:
+    """Listing (workspaces, audit records) is filtered to the principal's reach; naming a namespace or workspace
+    outside it is refused rather than answered empty, so a key learns nothing of what lies beyond."""
+    if principal.admin:
+        return True
+    if namespace is not None and namespace != principal.namespace:
+        return False
+    return workspace is None or principal.workspace is None or workspace == principal.workspace
