@@ -35,6 +35,11 @@ EXIT_REASONS = ("exited", "timeout", "cancelled", "signal")
 NAME_PATTERN = r"^[a-z0-9][a-z0-9_.-]{0,62}$"
 REQUEST_ID_PATTERN = r"^[0-9a-f]{32}$"
 MAX_BODY_BYTES = 1024 * 1024
+# Scoped keys (src/protocol/keys.py): `fbk_<16 hex id>_<32-character secret>`, sent exactly like the token.
+SCOPES = ("exec", "files", "snapshots", "manage", "proxy")
+KEY_PREFIX = "fbk_"
+KEY_ID_PATTERN = r"^[0-9a-f]{16}$"
+KEY_PATTERN = r"fbk_[0-9a-f]{16}_[A-Za-z0-9_-]{32}"
 
 USER_AGENT = f"flarebox-hermes/{__version__}"
 LOOPBACK_HOSTS = frozenset({"127.0.0.1", "::1", "localhost"})
@@ -52,6 +57,8 @@ COPY_CHUNK = 256 * 1024
 
 _NAME = re.compile(NAME_PATTERN)
 _REQUEST_ID = re.compile(REQUEST_ID_PATTERN)
+_KEY_ID = re.compile(KEY_ID_PATTERN)
+_KEY = re.compile(KEY_PATTERN)
 _CODE = re.compile(r"[a-z_]{1,64}")
 
 
@@ -145,6 +152,19 @@ def check_request_id(value: str) -> str:
     if not isinstance(value, str) or not _REQUEST_ID.fullmatch(value):
         raise ValueError("request_id must be 32 lowercase hex characters")
     return value
+
+
+def check_key_id(value: str) -> str:
+    if not isinstance(value, str) or not _KEY_ID.fullmatch(value):
+        raise ValueError("a key id is 16 lowercase hex characters (the part after fbk_ in the key)")
+    return value
+
+
+def key_id_of(token: str) -> str | None:
+    """The public id of a scoped key, or None when `token` does not have a key's shape (the deployment token)."""
+    if isinstance(token, str) and _KEY.fullmatch(token):
+        return token[len(KEY_PREFIX) : len(KEY_PREFIX) + 16]
+    return None
 
 
 def _is_int(value: Any) -> bool:
@@ -334,6 +354,83 @@ class Client:
 
     def stop(self, ns: str, ws: str, *, read_timeout: float = LIFECYCLE_TIMEOUT) -> dict:
         return self._json("POST", self._workspace(ns, ws, "stop"), read_timeout=read_timeout)
+
+    def list_workspaces(
+        self, namespace: str | None = None, *, limit: int | None = None, after: str | None = None
+    ) -> dict:
+        """One page of the workspaces the credential can see: {"workspaces": [...], "next": cursor or None}. An
+        entry is a status object, or {"namespace", "workspace", "state": None, "error": code}."""
+        params: dict[str, str] = {}
+        if namespace is not None:
+            params["namespace"] = check_name(namespace, "namespace")
+        if limit is not None:
+            params["limit"] = str(limit)
+        if after is not None:
+            params["after"] = after
+        return self._json("GET", self._url("workspaces"), params=params)
+
+    def iter_workspaces(self, namespace: str | None = None, *, page: int | None = None) -> Iterator[dict]:
+        """Every workspace the credential can see, following `next` from page to page."""
+        after = None
+        while True:
+            answer = self.list_workspaces(namespace, limit=page, after=after)
+            yield from answer["workspaces"]
+            after = answer.get("next")
+            if not after:
+                return
+
+    # --- scoped keys and the audit log ----------------------------------------------------------------------
+
+    def mint_key(
+        self,
+        namespace: str,
+        scopes: list[str],
+        *,
+        workspace: str | None = None,
+        expires_in: int | None = None,
+        label: str | None = None,
+    ) -> dict:
+        """Mint a scoped key (deployment token only); the answer's `key` is the secret, shown this once."""
+        body: dict[str, Any] = {"namespace": check_name(namespace, "namespace"), "scopes": list(scopes)}
+        if workspace is not None:
+            body["workspace"] = check_name(workspace, "workspace")
+        if expires_in is not None:
+            body["expires_in"] = expires_in
+        if label:
+            body["label"] = label
+        return self._json("POST", self._url("keys"), json=body)
+
+    def list_keys(self, namespace: str | None = None) -> list[dict]:
+        params = {} if namespace is None else {"namespace": check_name(namespace, "namespace")}
+        return self._json("GET", self._url("keys"), params=params)["keys"]
+
+    def revoke_key(self, key_id: str) -> dict:
+        """Revoke a key by its id; returns the revoked key object (ApiError key_not_found if there is none)."""
+        return self._json("DELETE", self._url("keys", check_key_id(key_id)))["key"]
+
+    def list_audit(
+        self,
+        namespace: str | None = None,
+        workspace: str | None = None,
+        *,
+        since: str | None = None,
+        before: int | None = None,
+        limit: int | None = None,
+    ) -> dict:
+        """One page of audit records, newest first: {"records": [...], "next": seq or None} (pass `before=next`
+        for the following page)."""
+        params: dict[str, str] = {}
+        if namespace is not None:
+            params["namespace"] = check_name(namespace, "namespace")
+        if workspace is not None:
+            params["workspace"] = check_name(workspace, "workspace")
+        if since is not None:
+            params["since"] = since
+        if before is not None:
+            params["before"] = str(before)
+        if limit is not None:
+            params["limit"] = str(limit)
+        return self._json("GET", self._url("audit"), params=params)
 
     # --- commands -------------------------------------------------------------------------------------------
 

@@ -1,5 +1,8 @@
 """The plugin's settings, read from HERMES_CF_* (the seed's names) through Hermes' profile-scoped secret lookup.
 
+HERMES_CF_TOKEN is the server's token or a scoped key (`fbk_…`); both are sent the same way. A key needs the exec
+and files scopes on the workspace, and manage only where the plugin creates workspaces (environment.py).
+
 Raw task ids and host paths never leave the host: the default namespace is a hash of the Hermes profile home, and a
 workspace name is a hash of namespace + task id unless HERMES_CF_WORKSPACE names one.
 """
@@ -101,7 +104,10 @@ def load_settings() -> Settings:
         raise ConfigError(f"HERMES_CF_ENDPOINT: {exc}") from None
     token = read_setting("HERMES_CF_TOKEN")
     if not token:
-        raise ConfigError("HERMES_CF_TOKEN is not set: use the server's SANDBOX_API_TOKEN")
+        raise ConfigError(
+            "HERMES_CF_TOKEN is not set: use the server's SANDBOX_API_TOKEN, or a scoped key (fbk_…) from "
+            "`flarebox keys create` with the exec and files scopes"
+        )
     if len(token) < MIN_TOKEN_CHARS or not token.isascii() or any(c.isspace() for c in token):
         raise ConfigError(f"HERMES_CF_TOKEN must be at least {MIN_TOKEN_CHARS} ASCII characters without spaces")
     namespace = read_setting("HERMES_CF_NAMESPACE") or "hermes-" + _digest(_hermes_home())[:12]

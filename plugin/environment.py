@@ -16,7 +16,7 @@ from pathlib import Path
 
 from tools.environments.base import BaseEnvironment
 
-from .client import ApiError, Client, TransportError
+from .client import ApiError, Client, TransportError, key_id_of
 from .compat import EnvironmentConnectionError, FileFetchError
 from .config import Settings
 from .process import RemoteProcess
@@ -36,6 +36,15 @@ RETRY_HINT = (
     "have run: check the workspace state before repeating anything with side effects. Retry once the server at "
     "{endpoint} is reachable; the next command reconnects by itself."
 )
+CREDENTIAL_HINT = (
+    "This is a refusal of the Flarebox credential, not a failure of the command: retrying will not help until "
+    "HERMES_CF_TOKEN in the Hermes profile's .env is the server's token or a scoped key that opens this workspace "
+    "with the exec and files scopes."
+)
+CREDENTIAL_CODES = ("unauthorized", "forbidden")
+# What the plugin needs of a scoped key (HERMES_CF_TOKEN may be one): exec and files on its workspace; manage only to
+# create a workspace (and to delete an ephemeral one); snapshots to save a persistent one when Hermes releases it.
+SCOPE_OF = {"stop": "snapshots", "delete_workspace": "manage"}
 
 
 def hermes_safe(text: str) -> str:
@@ -77,7 +86,7 @@ class CloudflareSandboxEnvironment(BaseEnvironment):
             access_client_secret=settings.access_client_secret,
         )
         try:
-            self._client.put_workspace(self.namespace, workspace, settings.workspace_config(self._persistent))
+            self._open_workspace(settings.workspace_config(self._persistent))
         except ApiError as exc:
             self._give_up()
             hint = ""
@@ -85,7 +94,7 @@ class CloudflareSandboxEnvironment(BaseEnvironment):
                 hint = " (it exists with another image, instance or persistence: pick another HERMES_CF_WORKSPACE)"
             raise EnvironmentConnectionError(
                 hermes_safe(f"Flarebox refused workspace {workspace}: {exc.code}: {exc.message}{hint}"),
-                retry_hint=self._hint(),
+                retry_hint=self._hint(exc.code),
             ) from None
         except TransportError as exc:
             self._give_up()
@@ -129,10 +138,13 @@ class CloudflareSandboxEnvironment(BaseEnvironment):
         result = super()._wait_for_process(proc, *args, **kwargs)
         error = getattr(proc, "error", None)
         if error and proc.poll() is not None:
+            code = getattr(proc, "error_code", None)
+            if code in CREDENTIAL_CODES:
+                error += self._credential_advice(code, "running a command needs exec (large stdin also files)")
             if getattr(self, "_initializing", False) and self._init_failure is None:
                 self._init_failure = error
             self._degraded = True
-            raise EnvironmentConnectionError(hermes_safe(error), retry_hint=self._hint())
+            raise EnvironmentConnectionError(hermes_safe(error), retry_hint=self._hint(code))
         return result
 
     def fetch_file(self, remote_path: str, local_dest: Path, *, max_bytes: int) -> None:
@@ -152,7 +164,10 @@ class CloudflareSandboxEnvironment(BaseEnvironment):
                 raise FileFetchError(
                     f"{remote_path!r} exceeds the {max_bytes // (1024 * 1024)} MB delivery limit"
                 ) from None
-            raise FileFetchError(f"could not read {remote_path!r} in the sandbox ({exc.code})") from None
+            advice = (
+                self._credential_advice(exc.code, "reading a file needs files") if exc.code in CREDENTIAL_CODES else ""
+            )
+            raise FileFetchError(f"could not read {remote_path!r} in the sandbox ({exc.code}){advice}") from None
         except (TransportError, OSError) as exc:
             raise FileFetchError(f"transfer of {remote_path!r} failed: {exc}") from None
 
@@ -183,7 +198,13 @@ class CloudflareSandboxEnvironment(BaseEnvironment):
             if action is not None:
                 action(self.namespace, self.workspace)
         except ApiError as exc:
-            if exc.code not in ("workspace_not_found", "not_found"):
+            if exc.code == "forbidden":
+                # a scoped key without the scope: the server's idle timer still saves (or ends) the workspace
+                scope = SCOPE_OF.get(getattr(action, "__name__", ""), "manage")
+                logger.info(
+                    "Flarebox cleanup of %s: forbidden (HERMES_CF_TOKEN lacks the %s scope)", self.workspace, scope
+                )
+            elif exc.code not in ("workspace_not_found", "not_found"):
                 logger.info("Flarebox cleanup of %s: %s", self.workspace, exc.code)
         except Exception as exc:
             logger.info("Flarebox cleanup of %s failed: %s", self.workspace, type(exc).__name__)
@@ -201,8 +222,69 @@ class CloudflareSandboxEnvironment(BaseEnvironment):
         except Exception:
             pass
 
-    def _hint(self) -> str:
+    def _hint(self, code: str | None = None) -> str:
+        if code in CREDENTIAL_CODES:
+            return CREDENTIAL_HINT
         return RETRY_HINT.format(endpoint=self._settings.endpoint)
+
+    def _key_id(self) -> str | None:
+        return key_id_of(self._settings.token)
+
+    def _credential_advice(self, code: str, need: str) -> str:
+        key_id = self._key_id()
+        if key_id is None:
+            if code == "unauthorized":
+                return " (HERMES_CF_TOKEN is neither this server's token nor one of its scoped keys)"
+            return ""
+        if code == "unauthorized":
+            return (
+                f" (HERMES_CF_TOKEN is the scoped key {key_id}: revoked, expired, or not this server's; mint a new one)"
+            )
+        return f" (HERMES_CF_TOKEN is the scoped key {key_id}, without the scope this needs: {need})"
+
+    def _open_workspace(self, config: dict) -> dict:
+        """PUT the workspace's config (create it, or confirm it). A scoped key without `manage` may not PUT, but
+        every key on a workspace may read it: then an existing workspace with this config is used as it is, and a
+        missing one is refused with a message naming the missing scope. Raises ApiError with a message that says
+        what to do."""
+        ns, ws = self.namespace, self.workspace
+        try:
+            return self._client.put_workspace(ns, ws, config)
+        except ApiError as exc:
+            if exc.code == "unauthorized":
+                raise ApiError(exc.status, exc.code, exc.message + self._credential_advice(exc.code, "")) from None
+            if exc.code != "forbidden":
+                raise
+            put_refused = exc
+        try:
+            status = self._client.get_workspace(ns, ws)
+        except ApiError as exc:
+            key = f"scoped key {self._key_id()}" if self._key_id() else "credential"
+            if exc.code == "workspace_not_found":
+                raise ApiError(
+                    put_refused.status,
+                    "forbidden",
+                    f"workspace {ns}/{ws} does not exist, and HERMES_CF_TOKEN (a {key}) lacks the manage scope "
+                    "that creating it needs: create it with the deployment token (`flarebox exec -n "
+                    f"{ns} {ws} -- true`), or use a key with the manage scope",
+                ) from None
+            if exc.code == "forbidden":
+                raise ApiError(
+                    exc.status,
+                    "forbidden",
+                    f"HERMES_CF_TOKEN (a {key}) does not open workspace {ns}/{ws}: set HERMES_CF_NAMESPACE (and "
+                    "HERMES_CF_WORKSPACE, for a key on one workspace) to what the key opens, or use a key for this "
+                    "workspace with the exec and files scopes",
+                ) from None
+            raise
+        existing = status.get("config") if isinstance(status, dict) else None
+        differs = sorted(k for k, v in config.items() if not isinstance(existing, dict) or existing.get(k) != v)
+        if differs:
+            raise ApiError(
+                409, "config_conflict", f"the workspace exists with another {', '.join(differs)}: {existing}"
+            )
+        logger.info("Flarebox workspace %s/%s: using it as it is (the key may not configure it)", ns, ws)
+        return status
 
     def _stream(self, request: dict, offset: int | None):
         if offset is None:

@@ -5,6 +5,9 @@ HERMES_CF_ENDPOINT/HERMES_CF_TOKEN for another one) built on the shared protocol
 Exit codes: `exec` and `attach` pass the command's exit code through; every failure of flarebox itself (usage,
 configuration, an unreachable server, an API error, a dropped stream) is 125, as docker does. The other client
 commands exit 0, 1 for an API error (named by its code) or a local file error, and 125 for everything else.
+
+The token may be the deployment's token or a scoped key (`fbk_…`, minted by `flarebox keys create`): both are sent
+the same way, and a key's refusals (403 forbidden, 401 for a revoked or expired one) say which key it was.
 """
 
 import argparse
@@ -17,8 +20,9 @@ import sys
 import uuid
 from pathlib import Path
 
+from standalone import cli_keys
 from standalone.cli_copy import cp
-from standalone.cli_support import ConfigError, FileError, UsageError, ensure_workspace, say
+from standalone.cli_support import ConfigError, FileError, UsageError, credential_hint, ensure_workspace, say
 
 DEFAULT_PORT = 8787
 DEFAULT_NAMESPACE = "default"
@@ -28,6 +32,7 @@ API_ERROR_EXIT = 1  # the non-exec commands: the server refused (named by its co
 CANCELLED_EXIT = 130
 MAX_STDIN_BYTES = 1024 * 1024  # the whole exec request is a JSON body of at most 1 MiB
 CLIENT_COMMANDS = ("exec", "attach", "cp", "status", "snapshot", "snapshots", "stop", "rm")
+DEPLOYMENT_COMMANDS = ("keys", "ls", "audit")  # about the deployment, not one workspace (standalone/cli_keys.py)
 STREAM_COMMANDS = ("exec", "attach")  # their exit code is the command's: every failure of flarebox's own is 125
 VALUE_OPTIONS = ("--endpoint", "--token-file", "--namespace", "-n")
 
@@ -42,9 +47,10 @@ def _default_namespace() -> str:
     return os.environ.get("FLAREBOX_NAMESPACE") or os.environ.get("HERMES_CF_NAMESPACE") or DEFAULT_NAMESPACE
 
 
-def _add_connection_options(parser: argparse.ArgumentParser, *, top: bool) -> None:
-    # on the top parser they have real defaults; on each subcommand they are SUPPRESSed, so an option given before
-    # the subcommand is not overwritten by the subcommand's default (and one given after it wins)
+def _add_connection_options(parser: argparse.ArgumentParser, *, top: bool, namespace_help: str | None = None) -> None:
+    # on the top parser they default to None; on each subcommand they are SUPPRESSed, so an option given before
+    # the subcommand is not overwritten by the subcommand's default (and one given after it wins). A namespace
+    # still None after parsing is the default one (_main), except for the listings, where it means "all".
     default = None if top else argparse.SUPPRESS
     group = parser.add_argument_group("server")
     group.add_argument(
@@ -64,8 +70,9 @@ def _add_connection_options(parser: argparse.ArgumentParser, *, top: bool) -> No
         "--namespace",
         "-n",
         metavar="NS",
-        default=_default_namespace() if top else argparse.SUPPRESS,
-        help="the workspace's namespace (else $FLAREBOX_NAMESPACE, $HERMES_CF_NAMESPACE, else default)",
+        default=default,
+        help=namespace_help
+        or "the workspace's namespace (else $FLAREBOX_NAMESPACE, $HERMES_CF_NAMESPACE, else default)",
     )
 
 
@@ -108,6 +115,7 @@ def _parser() -> argparse.ArgumentParser:
     client_command("snapshots", "list a workspace's snapshots, newest first")
     client_command("stop", "snapshot and stop (ephemeral: destroy)")
     client_command("rm", "delete a workspace, its container and its snapshots")
+    cli_keys.add_parsers(sub, lambda p, ns_help: _add_connection_options(p, top=False, namespace_help=ns_help))
 
     hermes = sub.add_parser("hermes", help="Hermes plugin helpers")
     hermes.add_argument("action", choices=("install",))
@@ -151,6 +159,8 @@ def _main(argv: list[str] | None) -> int:
         from standalone import hermes_install  # written alongside the plugin; imported only when asked for
 
         return hermes_install.main(args.rest)
+    if args.namespace is None and args.command not in DEPLOYMENT_COMMANDS:
+        args.namespace = _default_namespace()
     return _client_command(args)
 
 
@@ -221,6 +231,7 @@ def _client_command(args) -> int:
     from flarebox_hermes.client import ApiError, Client, FlareboxError, TransportError
 
     own_failure = ERROR_EXIT if args.command in STREAM_COMMANDS else API_ERROR_EXIT
+    token = ""
     try:
         endpoint, token, _ = resolve_target(args)
         client = Client(endpoint, token)
@@ -236,6 +247,8 @@ def _client_command(args) -> int:
                 return _follow(client, args, args.request_id, args.offset)
             if args.command == "cp":
                 return cp(client, args)
+            if args.command in DEPLOYMENT_COMMANDS:
+                return cli_keys.run(client, args)
             ws = args.workspace
             if args.command == "status":
                 _print_json(client.get_workspace(ns, ws))
@@ -255,7 +268,7 @@ def _client_command(args) -> int:
         say(str(err))
         return API_ERROR_EXIT
     except ApiError as err:
-        say(f"{err.code}: {err.message}")
+        say(f"{err.code}: {err.message}{credential_hint(err, token)}")
         return own_failure
     except TransportError as err:
         if not err.connected:
