@@ -4,6 +4,8 @@ protocol client, measured against baselines taken in the same run.
   exec round trip   `true` through client → uvicorn → edge → workspace → sandbox supervisor → back (warm workspace,
                     one kept-alive connection), vs the supervisor alone (POST /exec on its unix socket) and vs a
                     bare `bash -c true` spawn. Goal: full stack p50 ≤ 3× the bare spawn.
+  scoped key        the same round trip with a scoped key instead of the deployment token (interleaved with it):
+                    what verifying the key in the directory adds. Goal: ≤ 0.3 ms at p50.
   cold start        first exec on a new workspace, request sent → first output event. Goal ≤ 1 s.
   restore           first exec on a stopped workspace holding 100 MB (half incompressible), → first output, vs the
                     bare `zstd -d | tar -x` of its archive. Goal ≤ 1 s.
@@ -143,15 +145,36 @@ def _round_trips(server: Server, client: Client, repeat: int) -> list[dict]:
         def full() -> None:
             _exec(client, "rt", "true")
 
-        samples: dict = {full: [], direct: [], _bare_spawn: []}
+        minted = httpx.post(
+            server.url + "/v1/keys",
+            headers={"authorization": f"Bearer {TOKEN}"},
+            json={"namespace": NS, "workspace": "rt", "scopes": ["exec"], "label": "bench"},
+        )
+        minted.raise_for_status()
+        keyed_client = Client(server.url, minted.json()["key"])
+
+        def keyed() -> None:
+            _exec(keyed_client, "rt", "true")
+
+        samples: dict = {full: [], keyed: [], direct: [], _bare_spawn: []}
         for fn in samples:
             timed(fn, 0, warmup=5)
         for _ in range(repeat):
             for fn, out in samples.items():
                 out += timed(fn, 1)
+    keyed_client.close()
     full_s, alone, bare = samples[full], samples[direct], samples[_bare_spawn]
     bare_p50 = percentile(bare, 50) * 1000
+    keyed_p50, full_p50 = percentile(samples[keyed], 50) * 1000, percentile(full_s, 50) * 1000
     return [
+        figure(
+            "exec `true` round trip with a scoped key p50",
+            keyed_p50,
+            "ms",
+            "the same with the deployment token p50",
+            full_p50,
+            note=f"adds {keyed_p50 - full_p50:+.3f} ms (goal ≤ 0.3 ms)",
+        ),
         figure(
             "exec `true` round trip, full stack p50",
             percentile(full_s, 50) * 1000,
