@@ -116,6 +116,10 @@ def _parser() -> argparse.ArgumentParser:
     client_command("stop", "snapshot and stop (ephemeral: destroy)")
     client_command("rm", "delete a workspace, its container and its snapshots")
     cli_keys.add_parsers(sub, lambda p, ns_help: _add_connection_options(p, top=False, namespace_help=ns_help))
+    mcp = client_command(
+        "mcp", "serve a workspace to an MCP client (Model Context Protocol, on stdio)", workspace=False
+    )
+    mcp.add_argument("--workspace", "-w", default="default", help="the workspace its tools use (default: default)")
 
     hermes = sub.add_parser("hermes", help="Hermes plugin helpers")
     hermes.add_argument("action", choices=("install",))
@@ -161,6 +165,15 @@ def _main(argv: list[str] | None) -> int:
         return hermes_install.main(args.rest)
     if args.namespace is None and args.command not in DEPLOYMENT_COMMANDS:
         args.namespace = _default_namespace()
+    if args.command == "mcp":
+        try:
+            from standalone import mcp_server  # the MCP SDK is imported only when asked for
+        except ModuleNotFoundError as err:
+            if err.name not in ("mcp", "pydantic"):
+                raise
+            say(f"flarebox mcp needs the MCP Python SDK ({err.name} is missing): pip install 'mcp>=1.27,<2'")
+            return ERROR_EXIT
+        return mcp_server.main(args)
     return _client_command(args)
 
 
