@@ -3,6 +3,13 @@
 Hermes builds every command itself (snapshot sourcing, cd, cwd markers) and hands it to `_run_bash`; we run it
 remotely and stream it back through a RemoteProcess. Nothing holds a lock across a command: execute_code polls for
 tool calls with more commands while its script runs, and a lock here would deadlock it.
+
+`execute` is wrapped for three things Hermes' generic code gets wrong on a remote sandbox (see README):
+- a restore notice is kept until a `terminal` result carries it (Hermes gives it to whatever command comes first);
+- a background job started by Hermes' process registry runs in the cwd it was started with (Hermes drops it);
+- `process kill` of such a job ends the job, not only the subshell Hermes wraps it in.
+After `cleanup()` the environment runs nothing: a late command (Hermes' atexit kernel teardown) would boot the workspace
+the plugin has just stopped.
 """
 
 from __future__ import annotations
@@ -10,6 +17,7 @@ from __future__ import annotations
 import logging
 import posixpath
 import re
+import sys
 import threading
 import uuid
 from pathlib import Path
@@ -45,6 +53,60 @@ CREDENTIAL_CODES = ("unauthorized", "forbidden")
 # What the plugin needs of a scoped key (HERMES_CF_TOKEN may be one): exec and files on its workspace; manage only to
 # create a workspace (and to delete an ephemeral one); snapshots to save a persistent one when Hermes releases it.
 SCOPE_OF = {"stop": "snapshots", "delete_workspace": "manage"}
+# After cleanup(): what became of the workspace, for the refusal of a late command.
+RELEASED_AS = {"stop": "stopped", "delete_workspace": "deleted", None: "left to the server's idle timer"}
+RELEASED_CODE = "environment_released"
+RELEASED_MESSAGE = (
+    "Flarebox environment released: Hermes cleaned this environment up and its workspace was {fate}, so the command "
+    "did not run (the workspace is not started again for it)"
+)
+RELEASED_HINT = (
+    "Hermes let go of this environment (its session ended or idled out). Its next command builds a new environment, "
+    "which restores the workspace from its snapshot."
+)
+# Hermes' process registry (tools/process_registry.py, spawn_via_env) starts a background job in a sandbox as
+#   mkdir -p T && ( nohup bash -lc CMD > T/hermes_bg_ID.log 2>&1; rc=$?; … ) & echo $! > T/hermes_bg_ID.pid && cat …
+# and kills it with `kill PID 2>/dev/null`, PID being that subshell's.
+BACKGROUND_SPAWN_MARKS = ("( nohup bash -lc ", "/hermes_bg_", ".pid && cat ")
+BACKGROUND_KILL = re.compile(r"kill (\d+) 2>/dev/null")
+# Ends a background job: the subshell, every descendant, and its process group unless that is the killer's own (a
+# job's daemon that left the tree but not the group goes too). TERM, up to 2 s for them to go, then KILL. Plain bash
+# and /proc, nothing else assumed of the image.
+KILL_JOB_SCRIPT = r"""__fb_root=%d
+__fb_stat() { local s; { read -r s < "/proc/$1/stat"; } 2>/dev/null || return 1; s=${s##*) }; echo "$s"; }
+__fb_s=$(__fb_stat "$__fb_root") || exit 0
+set -- $__fb_s; __fb_group=$3
+__fb_s=$(__fb_stat $$); set -- $__fb_s; __fb_own=$3
+__fb_job() {
+  local pids=" $__fb_root " grew=1 p s
+  while [ -n "$grew" ]; do
+    grew=
+    for p in /proc/[0-9]*; do
+      p=${p#/proc/}
+      case "$pids" in *" $p "*) continue ;; esac
+      [ "$p" = 1 ] || [ "$p" = $$ ] && continue
+      s=$(__fb_stat "$p") || continue
+      set -- $s
+      [ "$1" = Z ] && continue
+      case "$pids" in *" $2 "*) pids="$pids$p "; grew=1; continue ;; esac
+      if [ "$__fb_group" != "$__fb_own" ] && [ "$3" = "$__fb_group" ]; then pids="$pids$p "; grew=1; fi
+    done
+  done
+  echo $pids
+}
+__fb_alive() {
+  local p s
+  for p in "$@"; do s=$(__fb_stat "$p") && set -- $s && [ "$1" != Z ] && return 0; done
+  return 1
+}
+__fb_pids=$(__fb_job)
+kill -TERM $__fb_pids 2>/dev/null
+for __fb_i in 1 2 3 4 5 6 7 8 9 10 11 12 13 14 15 16 17 18 19 20; do
+  __fb_alive $__fb_pids || break
+  sleep 0.1
+done
+__fb_alive $__fb_pids && kill -KILL $__fb_pids $(__fb_job) 2>/dev/null
+true"""
 
 
 def hermes_safe(text: str) -> str:
@@ -73,9 +135,13 @@ class CloudflareSandboxEnvironment(BaseEnvironment):
         # Hermes tears down every environment without `_persistent` at the end of each agent turn.
         self._persistent = bool(persistent)
         self._closed = False
+        self._released_as = RELEASED_AS[None]
         self._degraded = False
         self._seen_started = False
         self._cleanup_lock = threading.Lock()
+        self._notice_lock = threading.Lock()
+        self._restore_notice = False  # a restore the model has not been told of yet (see execute)
+        self._background_pids: set[int] = set()  # subshells of jobs Hermes' process registry started here
         self._settings = settings
         self.namespace = settings.namespace
         self.workspace = workspace
@@ -119,8 +185,49 @@ class CloudflareSandboxEnvironment(BaseEnvironment):
 
     # --- BaseEnvironment ---------------------------------------------------------------------------------
 
+    def execute(self, command: str, cwd: str = "", **kwargs):
+        """Hermes' execute(), with three corrections (kwargs are Hermes' and go on as they are):
+
+        - `terminal` (the one caller that sets bounded_capture, by Hermes' own rule) gets a pending restore notice,
+          whichever command met the restore: Hermes hands it to the first result, often a file tool's whose extra
+          keys nobody reads, and the model would never learn that its processes are gone;
+        - a background job from Hermes' process registry runs in the cwd it was started with (Hermes records it but
+          does not pass it on), and leaves the foreground cwd alone;
+        - `process kill` of such a job ends the job and everything it started, not only its wrapper subshell."""
+        foreground = bool(kwargs.get("bounded_capture"))
+        spawn_cwd = _background_spawn_cwd(command)
+        if spawn_cwd is not None and not cwd:
+            cwd = spawn_cwd
+        kill = None if foreground else BACKGROUND_KILL.fullmatch(command.strip())
+        if kill is not None and int(kill.group(1)) in self._background_pids:
+            self._background_pids.discard(int(kill.group(1)))
+            command = KILL_JOB_SCRIPT % int(kill.group(1))
+        cwd_before = self.cwd
+        result = super().execute(command, cwd, **kwargs)
+        if spawn_cwd is not None:
+            self.cwd = cwd_before  # the job's cwd is not the terminal's
+            output = result.get("output", "") if isinstance(result, dict) else ""
+            self._background_pids.update(int(line) for line in map(str.strip, output.splitlines()) if line.isdigit())
+        if isinstance(result, dict):
+            with self._notice_lock:
+                if result.get("environment_recreated"):
+                    self._restore_notice = True  # Hermes' own flag, on whichever command it landed
+                if foreground and self._restore_notice:
+                    result["environment_recreated"] = True
+                    self._restore_notice = False
+        return result
+
     def _run_bash(self, cmd_string: str, *, login: bool = False, timeout: int = 120, stdin_data: str | None = None):
         seconds = min(MAX_SERVER_TIMEOUT, max(1, int(timeout or self.timeout or 120)) + SERVER_TIMEOUT_GRACE)
+        if self._closed:
+            # Released (cleanup ran): nothing runs, since any request that needs the container would boot the
+            # workspace the plugin has just stopped or deleted. Answered at once as an infrastructure failure.
+            return RemoteProcess(
+                command=cmd_string,
+                request_fields={},
+                run_fn=self._refuse_released,
+                cancel_fn=lambda _request_id: None,
+            )
         return RemoteProcess(
             command=cmd_string,
             request_fields={"timeout": seconds, "login": bool(login), "cwd": None},
@@ -149,6 +256,8 @@ class CloudflareSandboxEnvironment(BaseEnvironment):
 
     def fetch_file(self, remote_path: str, local_dest: Path, *, max_bytes: int) -> None:
         """Binary download through GET /files instead of base64 over exec (no 2M-character output limit)."""
+        if self._closed:  # a download boots the container too
+            raise FileFetchError(RELEASED_MESSAGE.format(fate=self._released_as))
         path = remote_path
         if path.startswith("~"):
             fetch = getattr(super(), "fetch_file", None)
@@ -176,10 +285,6 @@ class CloudflareSandboxEnvironment(BaseEnvironment):
         ephemeral or force_remove → delete. The call runs on a daemon thread so Hermes is not held up by a large
         snapshot; if Hermes exits first, the server's idle timer still saves the workspace (nothing is lost)."""
         try:
-            with self._cleanup_lock:
-                if self._closed:
-                    return
-                self._closed = True
             client = self._client
             if force_remove or not self._persistent:
                 action = client.delete_workspace
@@ -187,6 +292,11 @@ class CloudflareSandboxEnvironment(BaseEnvironment):
                 action = None  # the connection failed: leave the workspace to its idle timer, kill nothing
             else:
                 action = client.stop
+            with self._cleanup_lock:
+                if self._closed:
+                    return
+                self._released_as = RELEASED_AS.get(getattr(action, "__name__", None), "released")
+                self._closed = True  # from here on nothing runs (_run_bash, fetch_file)
             threading.Thread(target=self._finish, args=(action,), name="flarebox-cleanup", daemon=True).start()
         except Exception:
             logger.debug("flarebox cleanup failed", exc_info=True)
@@ -225,6 +335,8 @@ class CloudflareSandboxEnvironment(BaseEnvironment):
     def _hint(self, code: str | None = None) -> str:
         if code in CREDENTIAL_CODES:
             return CREDENTIAL_HINT
+        if code == RELEASED_CODE:
+            return RELEASED_HINT
         return RETRY_HINT.format(endpoint=self._settings.endpoint)
 
     def _key_id(self) -> str | None:
@@ -291,6 +403,9 @@ class CloudflareSandboxEnvironment(BaseEnvironment):
             return self._client.exec(self.namespace, self.workspace, request)
         return self._client.reattach(self.namespace, self.workspace, request["request_id"], offset)
 
+    def _refuse_released(self, request: dict, offset: int | None):
+        yield {"type": "error", "code": RELEASED_CODE, "message": RELEASED_MESSAGE.format(fate=self._released_as)}
+
     def _cancel(self, request_id: str) -> None:
         self._client.cancel(self.namespace, self.workspace, request_id)
 
@@ -308,6 +423,28 @@ class CloudflareSandboxEnvironment(BaseEnvironment):
         self._seen_started = True
         if replaced:
             logger.info("Flarebox workspace %s came back %s: running processes are gone", self.workspace, container)
+            with self._notice_lock:
+                self._restore_notice = True  # until a terminal result carries it (execute)
             mark = getattr(self, "_mark_recreated", None)
             if mark is not None:
                 mark()
+
+
+def _background_spawn_cwd(command: str) -> str | None:
+    """The cwd Hermes' process registry meant for this background spawn, or None when the command is not one.
+
+    spawn_via_env(env, command, cwd, …) records `cwd` (the tool call's workdir, resolved) on its session but calls
+    env.execute() without it, so the job would run wherever the previous command left the shell. Hermes offers no
+    other way to see it: it is read from the caller's frame, and only for a command of exactly that wrapper's
+    shape; anything else (another Hermes, another caller) leaves the command as Hermes made it."""
+    if not all(mark in command for mark in BACKGROUND_SPAWN_MARKS):
+        return None
+    frame = sys._getframe(1)
+    for _ in range(4):  # execute() ← spawn_via_env(), allowing for a wrapper or two in between
+        frame = frame.f_back
+        if frame is None:
+            return None
+        if frame.f_code.co_name == "spawn_via_env" and frame.f_globals.get("__name__", "").startswith("tools."):
+            cwd = frame.f_locals.get("cwd")
+            return posixpath.normpath(cwd) if isinstance(cwd, str) and cwd.startswith("/") else None
+    return None

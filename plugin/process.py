@@ -41,6 +41,8 @@ INFRA_ERROR_CODES = frozenset(
         "unauthorized",
     }
 )
+# Codes of error events the plugin makes itself (never the server's): their message is the whole story, as it is.
+LOCAL_ERROR_CODES = frozenset({"environment_released"})
 REATTACH_ATTEMPTS = 4  # consecutive failures without progress before the outcome is declared unknown
 BUSY_RETRY_SECONDS = 60  # workspace_busy: the workspace is saving or stopping; it answers again soon
 KILLED_WRITE_GRACE = 5.0  # after kill(), stop feeding a pipe nobody reads any more
@@ -221,6 +223,9 @@ class RemoteProcess:
             # A real outcome of the command, not an infrastructure failure: say so in the output.
             self._write(f"\n[Flarebox: {event.get('message') or 'output limit exceeded'} ({code})]\n".encode())
             return 1
+        if code in LOCAL_ERROR_CODES:
+            self._fail(code, event.get("message") or code)
+            return None
         if code not in INFRA_ERROR_CODES:  # still an unknown outcome; a newer server may know more codes
             logger.info("Flarebox stream ended with an unexpected error code %s", code)
         self._fail(code, f"the Flarebox workspace failed: {code}: {event.get('message', '')}")

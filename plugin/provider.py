@@ -1,22 +1,58 @@
-"""CloudflareSandboxProvider: the `cloudflare_sandbox` terminal backend Hermes selects with terminal.backend."""
+"""The `cloudflare_sandbox` terminal backend Hermes selects with terminal.backend, for both of Hermes' contracts.
+
+- The provider contract (Hermes v0.20.6 / v2026.8.27 and later): CloudflareSandboxProvider, registered with
+  ctx.register_terminal_environment_provider; Hermes calls its create_environment().
+- The backend-definition contract (upstream's tools/environments/registry.py): backend_definition() builds the frozen
+  TerminalBackendDefinition registered with ctx.register_terminal_backend; Hermes calls environment_from_request()
+  with a read-only TerminalBackendRequest and owns the environment's lifecycle (its cache, and calling cleanup()).
+
+Both build the same CloudflareSandboxEnvironment through open_environment(). __init__.register picks the contract.
+"""
 
 from __future__ import annotations
 
+import dataclasses
 import logging
+from collections.abc import Mapping
 from typing import Any
 
-from agent.terminal_env_provider import TerminalEnvironmentProvider
-
 from .client import Client, FlareboxError
-from .config import PROBE_TASK_ID, SECRET_KEYS, ConfigError, load_settings, read_setting, sandbox_cwd
+from .config import (
+    _IMAGE,
+    DEFAULT_CWD,
+    INSTANCE_TYPES,
+    PROBE_TASK_ID,
+    SECRET_KEYS,
+    ConfigError,
+    load_settings,
+    read_setting,
+    sandbox_cwd,
+)
+
+try:
+    from agent.terminal_env_provider import TerminalEnvironmentProvider
+except ImportError:  # a Hermes with only the backend-definition contract: the provider class is then never registered
+    TerminalEnvironmentProvider = object
 
 logger = logging.getLogger(__name__)
 
 PROBE_SECONDS = 1.0  # per phase (connect, read): the whole probe stays within Hermes' ~2 s budget
+BACKEND_NAME = "cloudflare_sandbox"
+# The backend-definition contract's image keys. Hermes resolves TerminalBackendRequest.image from a per-task override
+# under IMAGE_OVERRIDE_KEY, else IMAGE_CONFIG_KEY in the plugin's settings block
+# (plugins.entries.cloudflare-sandbox.terminal_backend in config.yaml), else the definition's default_image (none:
+# then HERMES_CF_IMAGE, as on the provider contract, and without it the server's default image).
+IMAGE_OVERRIDE_KEY = "cloudflare_sandbox_image"
+IMAGE_CONFIG_KEY = "image"
+# What the settings block may set, each the config.yaml twin of a HERMES_CF_* setting or of terminal.*. Credentials
+# and the endpoint are never read from it: they stay in the profile's .env (HERMES_CF_*).
+SETTING_KEYS = frozenset({IMAGE_CONFIG_KEY, "instance", "container_persistent"})
+_TRUE = ("1", "true", "yes", "on")
+_FALSE = ("0", "false", "no", "off")
 
 
 class CloudflareSandboxProvider(TerminalEnvironmentProvider):
-    name = "cloudflare_sandbox"
+    name = BACKEND_NAME
     is_remote = True
     is_container = True
     # With container_persistent: false every session gets its own (ephemeral) workspace.
@@ -125,24 +161,128 @@ class CloudflareSandboxProvider(TerminalEnvironmentProvider):
         container_config: dict[str, Any] | None = None,
         **kwargs: Any,
     ):
-        from .compat import EnvironmentConnectionError
-        from .environment import CloudflareSandboxEnvironment
-
-        try:
-            settings = load_settings()
-        except ConfigError as exc:
-            raise EnvironmentConnectionError(
-                f"cloudflare_sandbox is not configured: {exc}", retry_hint="Set the HERMES_CF_* settings, then retry."
-            ) from None
-        task_id = str(task_id or "default")
-        probe = task_id == PROBE_TASK_ID or bool(kwargs.get("probe_only"))
-        persistent = bool((container_config or {}).get("container_persistent", True)) and not probe
-        workspace = settings.persistent_workspace(task_id) if persistent else settings.ephemeral_workspace(task_id)
-        return CloudflareSandboxEnvironment(
-            settings=settings,
-            workspace=workspace,
-            cwd=sandbox_cwd(cwd),
-            timeout=int(timeout or 180),
-            persistent=persistent,
-            probe=probe,
+        # `image` stays ignored: Hermes fills it from its own backends' image settings (empty for a plugin), not
+        # with a Flarebox image name; HERMES_CF_IMAGE names that.
+        return open_environment(
+            cwd=cwd,
+            timeout=timeout,
+            task_id=task_id,
+            persistent=bool((container_config or {}).get("container_persistent", True)),
+            probe_only=bool(kwargs.get("probe_only")),
         )
+
+
+def open_environment(
+    *,
+    cwd: str | None,
+    timeout: int | None,
+    task_id: str | None,
+    persistent: bool = True,
+    probe_only: bool = False,
+    image: str | None = None,
+    instance: str | None = None,
+):
+    """A CloudflareSandboxEnvironment for one Hermes task, on either contract. `image` and `instance`, when given,
+    win over HERMES_CF_IMAGE / HERMES_CF_INSTANCE. A settings problem is an EnvironmentConnectionError."""
+    from .compat import EnvironmentConnectionError
+    from .environment import CloudflareSandboxEnvironment
+
+    try:
+        settings = load_settings()
+        if image:
+            if not _IMAGE.fullmatch(image):
+                raise ConfigError(
+                    f"the image {image!r} (the {IMAGE_CONFIG_KEY!r} setting or the {IMAGE_OVERRIDE_KEY!r} task "
+                    "override) is not a Flarebox image name: it must match [A-Za-z0-9_-]{1,128}"
+                )
+            settings = dataclasses.replace(settings, image=image)
+        if instance:
+            if instance not in INSTANCE_TYPES:
+                raise ConfigError(f"the 'instance' setting must be one of {', '.join(INSTANCE_TYPES)}")
+            settings = dataclasses.replace(settings, instance=instance)
+    except ConfigError as exc:
+        raise EnvironmentConnectionError(
+            f"cloudflare_sandbox is not configured: {exc}", retry_hint="Set the HERMES_CF_* settings, then retry."
+        ) from None
+    task_id = str(task_id or "default")
+    probe = task_id == PROBE_TASK_ID or bool(probe_only)
+    persistent = bool(persistent) and not probe
+    workspace = settings.persistent_workspace(task_id) if persistent else settings.ephemeral_workspace(task_id)
+    return CloudflareSandboxEnvironment(
+        settings=settings,
+        workspace=workspace,
+        cwd=sandbox_cwd(cwd),
+        timeout=int(timeout or 180),
+        persistent=persistent,
+        probe=probe,
+    )
+
+
+# --- the backend-definition contract (ctx.register_terminal_backend) -----------------------------------------------
+
+
+def backend_definition(definition_cls):
+    """The backend's definition, built with Hermes' own TerminalBackendDefinition class (its registry accepts only
+    instances of it, and validates the fields when the definition is built)."""
+    return definition_cls(
+        name=BACKEND_NAME,
+        factory=environment_from_request,
+        container_paths=True,  # paths belong to the sandbox, never to the Hermes host
+        default_cwd=DEFAULT_CWD,
+        default_image="",  # none: HERMES_CF_IMAGE, else the server's default image
+        image_override_key=IMAGE_OVERRIDE_KEY,
+        image_config_key=IMAGE_CONFIG_KEY,
+    )
+
+
+def environment_from_request(request):
+    """The definition's factory: one new environment for a TerminalBackendRequest (name, task_id, cwd, timeout,
+    image, settings). The request and its settings are only read. Hermes caches what this returns per task and
+    calls its cleanup() when it lets the environment go: a persistent workspace is then snapshotted and stopped, an
+    ephemeral one deleted."""
+    from .compat import EnvironmentConnectionError
+
+    settings = request.settings if isinstance(request.settings, Mapping) else {}
+    unknown = sorted(str(key) for key in settings if key not in SETTING_KEYS)
+    if unknown:
+        logger.warning(
+            "cloudflare_sandbox: ignoring terminal_backend settings %s (known: %s; credentials and the endpoint "
+            "belong in the profile's .env as HERMES_CF_*)",
+            ", ".join(unknown),
+            ", ".join(sorted(SETTING_KEYS)),
+        )
+    try:
+        persistent = _flag(settings.get("container_persistent"), "container_persistent", default=True)
+        instance = _text(settings.get("instance"), "instance")
+        image = _text(request.image, "image")
+    except ConfigError as exc:
+        raise EnvironmentConnectionError(
+            f"cloudflare_sandbox is not configured: {exc}",
+            retry_hint="Fix plugins.entries.cloudflare-sandbox.terminal_backend in config.yaml, then retry.",
+        ) from None
+    return open_environment(
+        cwd=request.cwd,
+        timeout=request.timeout,
+        task_id=request.task_id,
+        persistent=persistent,
+        image=image,
+        instance=instance,
+    )
+
+
+def _flag(value: Any, name: str, *, default: bool) -> bool:
+    if value is None:
+        return default
+    if isinstance(value, bool):
+        return value
+    if isinstance(value, str) and value.strip().lower() in _TRUE + _FALSE:
+        return value.strip().lower() in _TRUE
+    raise ConfigError(f"the {name!r} setting must be true or false, not {value!r}")
+
+
+def _text(value: Any, name: str) -> str | None:
+    if value is None:
+        return None
+    if not isinstance(value, str):
+        raise ConfigError(f"the {name!r} setting must be a string, not {type(value).__name__}")
+    return value.strip() or None

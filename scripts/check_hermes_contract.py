@@ -3,15 +3,24 @@
 
     python scripts/check_hermes_contract.py --hermes-source /path/to/hermes-agent   # a checkout or site-packages
 
-Run it with a Python that can import Hermes (its venv). It checks signatures and class shapes, not live behaviour:
-the provider ABC and its abstract set, the registry's reserved names, BaseEnvironment's execute()/_run_bash/
-_wait_for_process, EnvironmentConnectionError(retry_hint=), that Hermes keeps environments with `_persistent`,
-the secret lookup, and that our process handle has no `pid`. Exit 0 when every check passes.
+Run it with a Python that can import Hermes (its venv). It first reports which of Hermes' two terminal backend
+contracts this Hermes has, and which one the plugin's register() would use (the newer when offered, never both):
+- terminal-backend: ctx.register_terminal_backend(TerminalBackendDefinition) from tools/environments/registry.py,
+  the factory taking a TerminalBackendRequest (upstream's newer tree);
+- terminal-environment-provider: ctx.register_terminal_environment_provider(provider) with
+  agent.terminal_env_provider (Hermes v0.20.6 / v2026.8.27 and later).
+It then checks signatures and class shapes, not live behaviour: for each contract present, its shapes (the frozen
+definition and request fields, that register() makes exactly one registration and Hermes' own definition class
+accepts ours; the provider ABC and its abstract set, the registry's reserved names), and for both
+BaseEnvironment's execute()/_run_bash/_wait_for_process, EnvironmentConnectionError(retry_hint=), the secret lookup,
+and that our process handle has no `pid`; with the provider contract, that Hermes keeps environments with
+`_persistent`. Exit 0 when every check passes.
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import importlib
 import importlib.util
 import inspect
@@ -62,20 +71,136 @@ def params(func) -> set[str]:
     return set(inspect.signature(func).parameters)
 
 
-def run(hermes_source: Path | None) -> int:
-    c = Checker()
-    if hermes_source is not None:
-        sys.path.insert(0, str(hermes_source.resolve()))
-    try:
-        from agent.secret_scope import get_secret
-        from agent.terminal_env_provider import TerminalEnvironmentProvider
-        from hermes_constants import get_hermes_home
-        from tools.environments.base import BaseEnvironment, EnvironmentConnectionError
-    except ImportError as exc:
-        c.check(False, "Hermes imports", f"{exc} — needs Hermes v0.20.6 (v2026.8.27) or later in this Python")
-        return 1
-    c.check(True, "Hermes imports", "terminal_env_provider, secret_scope, hermes_constants, environments.base")
+DEFINITION_FIELDS = {
+    "name",
+    "factory",
+    "container_paths",
+    "default_cwd",
+    "default_image",
+    "image_override_key",
+    "image_config_key",
+}
+REQUEST_FIELDS = {"name", "task_id", "cwd", "timeout", "image", "settings"}
 
+
+def dataclass_shape(cls) -> tuple[set[str], bool]:
+    """(field names, frozen) of a dataclass, or (set(), False)."""
+    if not dataclasses.is_dataclass(cls):
+        return set(), False
+    params = getattr(cls, "__dataclass_params__", None)
+    return {f.name for f in dataclasses.fields(cls)}, bool(getattr(params, "frozen", False))
+
+
+class RecordingContext:
+    """Offers both registration methods and records every call (the plugin must make exactly one)."""
+
+    def __init__(self) -> None:
+        self.calls: list[tuple[str, object]] = []
+
+    def register_terminal_backend(self, definition) -> None:
+        self.calls.append(("register_terminal_backend", definition))
+
+    def register_terminal_environment_provider(self, provider) -> None:
+        self.calls.append(("register_terminal_environment_provider", provider))
+
+
+def contracts_present(c: Checker):
+    """(TerminalEnvironmentProvider or None, the tools.environments.registry module or None), with CONTRACT lines."""
+    try:
+        from agent.terminal_env_provider import TerminalEnvironmentProvider
+    except ImportError as exc:
+        TerminalEnvironmentProvider = None
+        provider_detail = f"absent ({exc})"
+    else:
+        provider_detail = "present: agent.terminal_env_provider"
+    registry = None
+    try:
+        registry = importlib.import_module("tools.environments.registry")
+        missing = [n for n in ("TerminalBackendDefinition", "TerminalBackendRequest") if not hasattr(registry, n)]
+        if missing:
+            backend_detail = f"absent (tools.environments.registry has no {', '.join(missing)})"
+            registry = None
+        else:
+            from hermes_cli.plugins import PluginContext
+
+            if callable(getattr(PluginContext, "register_terminal_backend", None)):
+                backend_detail = "present: tools.environments.registry, PluginContext.register_terminal_backend"
+            else:
+                backend_detail = "absent (PluginContext has no register_terminal_backend)"
+                registry = None
+    except ImportError as exc:
+        backend_detail = f"absent ({exc})"
+    print(f"CONTRACT  terminal-backend: {backend_detail}")
+    print(f"CONTRACT  terminal-environment-provider: {provider_detail}")
+    return TerminalEnvironmentProvider, registry
+
+
+def check_backend_contract(c: Checker, registry, plugin) -> None:
+    definition_cls, request_cls = registry.TerminalBackendDefinition, registry.TerminalBackendRequest
+    fields, frozen = dataclass_shape(definition_cls)
+    c.check(
+        DEFINITION_FIELDS <= fields and frozen,
+        "TerminalBackendDefinition is frozen with the documented fields",
+        ", ".join(sorted(fields)),
+    )
+    fields, frozen = dataclass_shape(request_cls)
+    c.check(
+        REQUEST_FIELDS <= fields and frozen,
+        "TerminalBackendRequest is frozen with the documented fields",
+        ", ".join(sorted(fields)),
+    )
+
+    ctx = RecordingContext()
+    try:
+        plugin.register(ctx)
+    except Exception as exc:  # Hermes' definition class refused ours (its __post_init__ validates the fields)
+        c.check(False, "register() builds a definition Hermes accepts", f"{type(exc).__name__}: {exc}")
+        return
+    methods = [method for method, _ in ctx.calls]
+    c.check(
+        methods == ["register_terminal_backend"],
+        "register() makes exactly one registration, through register_terminal_backend",
+        ", ".join(methods),
+    )
+    if not methods or methods[0] != "register_terminal_backend":
+        return
+    definition = ctx.calls[0][1]
+    c.check(isinstance(definition, definition_cls), "the definition is Hermes' own TerminalBackendDefinition")
+    reserved = set(getattr(registry, "BUILTIN_TERMINAL_BACKENDS", ())) | RESERVED
+    name = getattr(definition, "name", None)
+    c.check(name == "cloudflare_sandbox" and name not in reserved, "definition name, not reserved", str(name))
+    c.check(
+        getattr(definition, "default_cwd", None) == "/workspace"
+        and getattr(definition, "container_paths", None) is True,
+        "definition default_cwd /workspace, container_paths",
+    )
+    c.note(
+        "definition image keys",
+        f"override {getattr(definition, 'image_override_key', None)!r}, "
+        f"config {getattr(definition, 'image_config_key', None)!r}",
+    )
+    factory = getattr(definition, "factory", None)
+    try:
+        inspect.signature(factory).bind(object())
+        takes_request = True
+    except (TypeError, ValueError):
+        takes_request = False
+    c.check(callable(factory) and takes_request, "definition factory takes one TerminalBackendRequest")
+    registry_cls = getattr(registry, "TerminalBackendRegistry", None)
+    if registry_cls is not None:
+        try:
+            registry_cls().register(definition, owner="cloudflare-sandbox")
+            c.check(True, "Hermes' TerminalBackendRegistry accepts the definition")
+        except Exception as exc:
+            c.check(False, "Hermes' TerminalBackendRegistry accepts the definition", f"{type(exc).__name__}: {exc}")
+    try:
+        importlib.import_module("tools.environments.manager")
+        c.note("tools.environments.manager", "present (Hermes owns the environment cache and calls cleanup())")
+    except ImportError:
+        c.note("tools.environments.manager", "absent")
+
+
+def check_provider_contract(c: Checker, TerminalEnvironmentProvider, provider_mod) -> None:
     abstract = set(getattr(TerminalEnvironmentProvider, "__abstractmethods__", ()))
     c.check(abstract <= EXPECTED_ABSTRACT, "provider ABC abstract set", ", ".join(sorted(abstract)))
     if abstract != EXPECTED_ABSTRACT:
@@ -89,17 +214,9 @@ def run(hermes_source: Path | None) -> int:
         reserved = set()
         c.note("registry", "agent.terminal_env_registry.BUILTIN_BACKEND_NAMES not found; using the known list")
 
-    package = load_plugin()
-    provider_mod = importlib.import_module(f"{package}.provider")
-    env_mod = importlib.import_module(f"{package}.environment")
-    process_mod = importlib.import_module(f"{package}.process")
-    provider_cls, env_cls = provider_mod.CloudflareSandboxProvider, env_mod.CloudflareSandboxEnvironment
-
+    provider_cls = provider_mod.CloudflareSandboxProvider
     c.check(issubclass(provider_cls, TerminalEnvironmentProvider), "provider subclasses TerminalEnvironmentProvider")
     c.check(not inspect.isabstract(provider_cls), "provider is concrete")
-    c.check(issubclass(env_cls, BaseEnvironment), "environment subclasses BaseEnvironment")
-    c.check(not inspect.isabstract(env_cls), "environment is concrete")
-
     provider = provider_cls()
     c.check(provider.name == "cloudflare_sandbox", "backend name", provider.name)
     clash = provider.name in (reserved | RESERVED)
@@ -109,6 +226,52 @@ def run(hermes_source: Path | None) -> int:
     needed = {"cwd", "timeout", "task_id", "image", "container_config", "kwargs"}
     c.check(needed <= create, "create_environment signature", ", ".join(sorted(create - {"self"})))
 
+
+def run(hermes_source: Path | None) -> int:
+    c = Checker()
+    if hermes_source is not None:
+        sys.path.insert(0, str(hermes_source.resolve()))
+    TerminalEnvironmentProvider, registry = contracts_present(c)
+    if TerminalEnvironmentProvider is None and registry is None:
+        c.check(
+            False,
+            "Hermes terminal backend contract",
+            "neither agent.terminal_env_provider (Hermes v0.20.6 / v2026.8.27 or later) nor "
+            "tools.environments.registry.TerminalBackendDefinition with PluginContext.register_terminal_backend",
+        )
+        return 1
+    try:
+        from agent.secret_scope import get_secret
+        from hermes_constants import get_hermes_home
+        from tools.environments.base import BaseEnvironment, EnvironmentConnectionError
+    except ImportError as exc:
+        c.check(False, "Hermes imports", f"{exc} — needs Hermes v0.20.6 (v2026.8.27) or later in this Python")
+        return 1
+    c.check(True, "Hermes imports", "secret_scope, hermes_constants, environments.base")
+
+    package = load_plugin()
+    plugin = sys.modules[package]
+    try:  # what register() picks, asked of this Hermes' own plugin context class
+        from hermes_cli.plugins import PluginContext
+    except ImportError:
+        PluginContext = None
+        c.note("hermes_cli.plugins.PluginContext", "not importable; asking a context with both methods instead")
+    uses = plugin.contract(PluginContext if PluginContext is not None else RecordingContext())
+    expected = plugin.BACKEND_CONTRACT if registry is not None else plugin.PROVIDER_CONTRACT
+    print(f"CONTRACT  register() uses {uses}")
+    c.check(uses == expected, "register() picks the newest contract this Hermes offers", str(uses))
+    provider_mod = importlib.import_module(f"{package}.provider")
+    env_mod = importlib.import_module(f"{package}.environment")
+    process_mod = importlib.import_module(f"{package}.process")
+    env_cls = env_mod.CloudflareSandboxEnvironment
+
+    if registry is not None:
+        check_backend_contract(c, registry, plugin)
+    if TerminalEnvironmentProvider is not None:
+        check_provider_contract(c, TerminalEnvironmentProvider, provider_mod)
+
+    c.check(issubclass(env_cls, BaseEnvironment), "environment subclasses BaseEnvironment")
+    c.check(not inspect.isabstract(env_cls), "environment is concrete")
     for method in ("init_session", "execute", "_run_bash", "_wait_for_process", "cleanup"):
         c.check(callable(getattr(BaseEnvironment, method, None)), f"BaseEnvironment.{method}")
     execute = params(BaseEnvironment.execute)
@@ -139,7 +302,12 @@ def run(hermes_source: Path | None) -> int:
         if hasattr(lifecycle, "is_persistent_env"):
             lifecycle_source = inspect.getsource(lifecycle.is_persistent_env)
             break
-    c.check("_persistent" in lifecycle_source, "Hermes keeps environments that set _persistent (is_persistent_env)")
+    keeps = "_persistent" in lifecycle_source
+    label = "Hermes keeps environments that set _persistent (is_persistent_env)"
+    if uses == plugin.PROVIDER_CONTRACT:
+        c.check(keeps, label)
+    else:  # the host owns the lifecycle: it caches the environment and calls cleanup() when it lets it go
+        c.note(label, "yes" if keeps else "no (the terminal-backend host owns the lifecycle)")
 
     handle = process_mod.RemoteProcess(
         command="true",

@@ -8,6 +8,8 @@ round trip drops comments). Running it again changes nothing.
 Credentials are written to $HERMES_HOME/.env (mode 0600) only when asked: --endpoint URL sets HERMES_CF_ENDPOINT,
 --token-from-data-dir [DIR] copies the local `flarebox serve` token into HERMES_CF_TOKEN (it is never printed)
 and, unless an endpoint is given or already set, points HERMES_CF_ENDPOINT at the local server.
+--token-from-env VAR does the same with the token in the environment variable VAR (for a server whose token came
+from SANDBOX_API_TOKEN, which leaves no token file).
 Without them the user sets both in .env themselves, as for a Cloudflare deployment.
 """
 
@@ -15,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import re
 import shutil
 import sys
 import tempfile
@@ -25,6 +28,20 @@ BACKEND_NAME = "cloudflare_sandbox"
 TERMINAL_SETTINGS = {"backend": BACKEND_NAME, "cwd": "/workspace", "container_persistent": True}
 BACKUP_SUFFIX = ".before-flarebox"
 LOCAL_ENDPOINT = "http://127.0.0.1:8787"
+ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+
+
+def token_problem(token: str) -> str | None:
+    """Why `token` cannot be HERMES_CF_TOKEN in a Hermes .env, or None. The plugin's own rule (at least
+    MIN_TOKEN_CHARS ASCII characters without spaces), and what Hermes' dotenv loader would change in an unquoted
+    value: a leading quote starts a quoted value, and `${…}` is expanded even inside quotes."""
+    from flarebox_hermes.config import MIN_TOKEN_CHARS
+
+    if len(token) < MIN_TOKEN_CHARS or not token.isascii() or any(c.isspace() for c in token):
+        return f"must be at least {MIN_TOKEN_CHARS} ASCII characters without spaces"
+    if token[0] in "'\"" or "${" in token:
+        return "cannot go into a Hermes .env as it is: Hermes would rewrite a leading quote or `${` when it reads it"
+    return None
 
 
 def plugin_source() -> Path:
@@ -132,12 +149,18 @@ def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="flarebox hermes install", description=__doc__.split("\n\n")[0])
     parser.add_argument("--hermes-home", type=Path, help="the Hermes profile home (default: $HERMES_HOME or ~/.hermes)")
     parser.add_argument("--endpoint", help="write HERMES_CF_ENDPOINT=URL into the profile's .env")
-    parser.add_argument(
+    token = parser.add_mutually_exclusive_group()
+    token.add_argument(
         "--token-from-data-dir",
         nargs="?",
         const="",
         metavar="DIR",
         help="write the local `flarebox serve` token (from DIR, default its data dir) as HERMES_CF_TOKEN into .env",
+    )
+    token.add_argument(
+        "--token-from-env",
+        metavar="VAR",
+        help="write the token in environment variable VAR (e.g. SANDBOX_API_TOKEN) as HERMES_CF_TOKEN into .env",
     )
     parser.add_argument("--no-config", action="store_true", help="only copy the plugin; leave config.yaml alone")
     return parser
@@ -168,9 +191,30 @@ def main(argv: list[str] | None = None) -> int:
                 file=sys.stderr,
             )
             return 2
+        problem = token_problem(token)
+        if problem:
+            print(f"flarebox hermes install: the token at {token_path(data_dir)} {problem}", file=sys.stderr)
+            return 2
         env_values["HERMES_CF_TOKEN"] = token
-        if "HERMES_CF_ENDPOINT" not in env_values and "HERMES_CF_ENDPOINT" not in read_env_keys(home):
+    if args.token_from_env is not None:
+        name = args.token_from_env
+        if not ENV_NAME.fullmatch(name):
+            print(f"flarebox hermes install: --token-from-env: {name!r} is not a variable name", file=sys.stderr)
+            return 2
+        token = os.environ.get(name, "")
+        if not token:
+            print(f"flarebox hermes install: --token-from-env: {name} is not set (or empty)", file=sys.stderr)
+            return 2
+        problem = token_problem(token)
+        if problem:
+            print(f"flarebox hermes install: --token-from-env: the value of {name} {problem}", file=sys.stderr)
+            return 2
+        env_values["HERMES_CF_TOKEN"] = token
+    if "HERMES_CF_TOKEN" in env_values and "HERMES_CF_ENDPOINT" not in env_values:
+        if "HERMES_CF_ENDPOINT" not in read_env_keys(home):
             env_values["HERMES_CF_ENDPOINT"] = LOCAL_ENDPOINT  # the token belongs to the local server
+            if args.token_from_env is not None:
+                print(f"HERMES_CF_ENDPOINT: {LOCAL_ENDPOINT}, the local server (pass --endpoint for another)")
     target = install_plugin(home)
     print(f"installed the plugin into {target}")
     if not args.no_config:

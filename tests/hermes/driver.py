@@ -410,6 +410,150 @@ def s_bench(args):
     return {"terminal_true": true_times, "write_1mb": write_times, "bytes": len(payload.encode())}
 
 
+# --- plugin fixes (issue 18): exit after execute_code, the restore notice, background workdir and kill ---------
+
+
+def s_exit_after_execute_code(args):
+    """Hermes' CLI exit after an execute_code session: its cleanup releases every environment (the plugin stops the
+    workspace), then the interpreter's atexit shuts the remote kernel down through the released environment
+    (`pkill …; kill …`, `rm -rf /tmp/hermes_rkernel_…`). main() exits normally for this scenario so that atexit
+    runs; every command the kernel sends is logged to args["log"] with its outcome."""
+    discover()
+    import tools.code_kernel_remote as kernels
+    from tools.code_execution_tool import execute_code
+
+    log, phase, real_sh = Path(args["log"]), {"name": "session"}, kernels._sh
+
+    def logged_sh(env, cmd, timeout=15):
+        entry, started = {"phase": phase["name"], "command": cmd}, time.monotonic()
+        try:
+            entry["output"] = real_sh(env, cmd, timeout)
+            return entry["output"]
+        except Exception as exc:
+            entry["error"] = f"{type(exc).__name__}: {exc}"
+            raise
+        finally:
+            entry["seconds"] = time.monotonic() - started
+            with open(log, "a", encoding="utf-8") as handle:
+                handle.write(json.dumps(entry) + "\n")
+
+    kernels._sh = logged_sh
+    code = "from hermes_tools import terminal\nprint('INNER', terminal('echo via-kernel')['output'].strip())\n"
+    out = {"result": json.loads(execute_code(code, task_id="default"))}
+    env = active_env()
+    out["names"] = [env.namespace, env.workspace]
+    out["kernel_dirs"] = terminal("ls -d /tmp/hermes_rkernel_* 2>/dev/null || true")["output"].split()
+    # ballast, so that the stop's snapshot takes long enough for a late command to arrive while it is under way
+    out["ballast"] = terminal("head -c 20000000 /dev/urandom > /workspace/ballast && echo ok")["output"]
+    client = env._client.__class__(os.environ["HERMES_CF_ENDPOINT"], os.environ["HERMES_CF_TOKEN"])
+    cleanup_all()  # what the CLI's _run_cleanup does on exit, before the interpreter's atexit handlers
+    # a late command while the plugin's stop is under way (the server would queue it and boot the workspace again
+    # once the stop is done): answered at once, sent nowhere
+    deadline = time.monotonic() + 10
+    state = client.get_workspace(env.namespace, env.workspace)["state"]
+    while time.monotonic() < deadline and state not in ("saving", "stopped"):
+        time.sleep(0.005)
+        state = client.get_workspace(env.namespace, env.workspace)["state"]
+    out["state_at_late"] = state
+    started = time.monotonic()
+    try:
+        out["late"] = env.execute("echo late", timeout=10)
+    except Exception as exc:
+        out["late"] = {"error": [type(exc).__name__, str(exc), getattr(exc, "retry_hint", "")]}
+    out["late_seconds"] = time.monotonic() - started
+    # then Hermes exits after the stop has finished: the atexit teardown meets a stopped workspace
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline and client.get_workspace(env.namespace, env.workspace)["state"] != "stopped":
+        time.sleep(0.2)
+    out["status_before_exit"] = client.get_workspace(env.namespace, env.workspace)
+    client.close()
+    phase["name"] = "exit"
+    return out
+
+
+def s_restore_notice(args):
+    """The workspace is stopped between two commands and the first command after it is a file tool's internal one:
+    Hermes hands its one-time "environment recreated" notice to that command, whose result the model never sees."""
+    discover()
+    from tools.file_tools import read_file_tool, write_file_tool
+
+    out = {"write": terminal("echo kept > /workspace/marker.txt")}
+    env = active_env()
+    env._client.stop(env.namespace, env.workspace)
+    out["status_after_stop"] = env._client.get_workspace(env.namespace, env.workspace)
+    out["read"] = json.loads(read_file_tool("/workspace/marker.txt"))  # its `cat` meets the restored workspace
+    out["write_after"] = json.loads(write_file_tool("/workspace/other.txt", "x\n"))
+    out["terminal"] = terminal("cat /workspace/marker.txt")
+    out["terminal_again"] = terminal("true")
+    cleanup_all()
+    return out
+
+
+def _wait_exited(session_id, seconds=60):
+    from tools.process_registry import process_registry
+
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        session = process_registry.get(session_id)
+        if session is not None and getattr(session, "exited", False):
+            return session
+        time.sleep(0.3)
+    return process_registry.get(session_id)
+
+
+def s_background_workdir(args):
+    """terminal(background=True, workdir=…) runs in the workdir, whatever cwd the previous command left, and leaves
+    the foreground cwd alone."""
+    discover()
+    out = {"setup": terminal("mkdir -p /workspace/bgdir /workspace/elsewhere && cd /workspace/elsewhere && pwd")}
+    started = terminal("pwd > /workspace/bg-pwd.txt", background=True, workdir="/workspace/bgdir")
+    out["started"] = started
+    session = _wait_exited(started.get("session_id"))
+    out["exited"] = getattr(session, "exited", None)
+    out["bg_pwd"] = terminal("cat /workspace/bg-pwd.txt")
+    out["fg_pwd"] = terminal("pwd")
+    cleanup_all()
+    return out
+
+
+def s_background_kill(args):
+    """`process kill` of a background job ends the job itself, not only Hermes' wrapper subshell around it."""
+    discover()
+    from tools.process_registry import process_registry
+
+    marker = args["marker"]  # a sleep length nothing else uses, to find the job's processes by
+    started = terminal(f"sleep {marker}; echo never", background=True)
+    out = {"started": started}
+    probe = f"pgrep -fx 'sleep {marker}' >/dev/null && echo alive || echo gone"
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline and terminal(probe)["output"].strip() != "alive":
+        time.sleep(0.2)
+    out["before"] = terminal(probe)["output"].strip()
+    out["kill"] = process_registry.kill_process(started["session_id"])
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline and terminal(probe)["output"].strip() != "gone":
+        time.sleep(0.2)
+    out["after"] = terminal(probe)["output"].strip()
+    out["wrapper_left"] = terminal(f"pgrep -fx 'bash -lc sleep {marker}; echo never' || echo none")["output"]
+    cleanup_all()
+    return out
+
+
+def s_dotenv_terminal(args):
+    """The profile's .env, loaded the way Hermes' CLI loads it, is the only source of the Flarebox settings."""
+    from hermes_cli.env_loader import load_hermes_dotenv
+
+    load_hermes_dotenv(hermes_home=os.environ["HERMES_HOME"])
+    import hashlib
+
+    token = os.environ.get("HERMES_CF_TOKEN") or ""
+    out = {"token_sha": hashlib.sha256(token.encode()).hexdigest(), "endpoint": os.environ.get("HERMES_CF_ENDPOINT")}
+    discover()
+    out["terminal"] = terminal("echo via-dotenv")
+    cleanup_all()
+    return out
+
+
 # --- scenarios on hermes-agent 0.19.0 (no provider plugins: BaseEnvironment level) -------------------------
 
 
@@ -510,7 +654,12 @@ def main() -> int:
     return 0
 
 
+# Scenarios that test Hermes' own atexit teardown: they end with a normal interpreter exit.
+EXITS_NORMALLY = {"exit_after_execute_code"}
+
 if __name__ == "__main__":
     code = main()
     sys.stdout.flush()
+    if sys.argv[1] in EXITS_NORMALLY:
+        sys.exit(code)
     os._exit(code)  # skip Hermes' atexit teardown races; scenarios clean up themselves
