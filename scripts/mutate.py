@@ -36,7 +36,12 @@ ROOT = Path(__file__).resolve().parent.parent
 # module file (relative to the repo) -> the tests that cover it (used when --tests is not given)
 DEFAULT_TESTS: dict[str, list[str]] = {
     "src/protocol/limits.py": ["tests/wire", "tests/docs/test_protocol_docs.py"],
-    "src/protocol/": ["tests/wire", "tests/unit/test_edge_routing.py", "tests/unit/test_edge_queries.py"],
+    "src/protocol/": [
+        "tests/wire",
+        "tests/unit/test_edge_routing.py",
+        "tests/unit/test_edge_queries.py",
+        "tests/unit/test_operations.py",
+    ],
     "src/worker/": [
         "tests/unit/test_edge_routing.py",
         "tests/unit/test_edge_auth.py",
