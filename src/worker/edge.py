@@ -141,15 +141,14 @@ class Edge:
         """PUT of a workspace: a slot in the index first (the namespace cap), given back when the workspace turns
         out not to exist after a failed create (it may exist all the same: a concurrent PUT made it)."""
         reserved = await self._reserve(route.namespace, route.workspace)
+        failed = True  # until the workspace answered 2xx: an exception (or cancellation) counts as a failure
         try:
             response = await stub.call(ops.PUT_CONFIG.name, args)
-        except BaseException:
-            if reserved["created"]:
+            failed = response.status >= 300
+            return response
+        finally:
+            if failed and reserved["created"]:
                 await self._unindex_if_gone(route.namespace, route.workspace)
-            raise
-        if reserved["created"] and response.status >= 300:
-            await self._unindex_if_gone(route.namespace, route.workspace)
-        return response
 
     async def _reserve(self, namespace: str, workspace: str) -> dict[str, bool]:
         """A slot for the workspace. At the cap, the index may still count ephemeral workspaces that forgot
@@ -350,14 +349,13 @@ def _json_of(response: Response) -> Any:
     try:
         return json.loads(response.body)
     except ValueError:
-        return None
+        return None  # (falling off the end would say the same)  # pragma: no mutate
 
 
 def _code_of(answer: Any) -> str | None:
-    if isinstance(answer, dict) and isinstance(answer.get("error"), dict):
-        code = answer["error"].get("code")
-        return code if isinstance(code, str) else None
-    return None
+    error = answer.get("error") if isinstance(answer, dict) else None
+    code = error.get("code") if isinstance(error, dict) else None
+    return code if isinstance(code, str) else None
 
 
 def _name_param(query: dict[str, str], name: str) -> str | None:

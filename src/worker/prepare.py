@@ -43,7 +43,7 @@ def content_length(req: EdgeRequest) -> int | None:
 
 
 def _is_json(content_type: str | None) -> bool:
-    return content_type is not None and content_type.split(";", 1)[0].strip().lower() == "application/json"
+    return content_type is not None and content_type.partition(";")[0].strip().lower() == "application/json"
 
 
 async def read_json(req: EdgeRequest, *, empty_ok: bool) -> dict:

@@ -54,6 +54,27 @@ class Workspaces:
         return Stub(self, namespace, workspace)
 
 
+class ByOperation(Workspaces):
+    """Answers by operation: `answers[op]`, else the default response."""
+
+    def __init__(self, answers):
+        super().__init__()
+        self.answers = answers
+
+    def get(self, namespace, workspace):
+        double = self
+
+        class Stub:
+            async def call(self, op, args, body=None):
+                double.calls.append((namespace, workspace, op, None, body))
+                answer = double.answers.get(op, double.response)
+                if isinstance(answer, Exception):
+                    raise answer
+                return answer
+
+        return Stub()
+
+
 def auth(token: str = TOKEN) -> dict[str, str]:
     return {"authorization": f"Bearer {token}"}
 

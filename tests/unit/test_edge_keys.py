@@ -4,7 +4,7 @@ before the decision, and a directory that cannot answer."""
 import json
 
 import pytest
-from edge_doubles import TOKEN, Body, Workspaces, directory_object
+from edge_doubles import TOKEN, Body, ByOperation, Workspaces, directory_object
 
 from durable.ports import Response
 from durable.settings import Settings
@@ -91,27 +91,6 @@ async def test_an_admin_command_runs_when_only_its_audit_record_is_lost(caplog):
     status, _ = await send(edge, "POST", "/v1/workspaces/ns/ws/exec", body=body)
     assert status == 200 and len(workspaces.calls) == 1
     assert "audit record lost for exec on ns/ws" in caplog.text and TOKEN not in caplog.text
-
-
-class ByOperation(Workspaces):
-    """Answers by operation: `answers[op]`, else the default response."""
-
-    def __init__(self, answers):
-        super().__init__()
-        self.answers = answers
-
-    def get(self, namespace, workspace):
-        double = self
-
-        class Stub:
-            async def call(self, op, args, body=None):
-                double.calls.append((namespace, workspace, op, None, body))
-                answer = double.answers.get(op, double.response)
-                if isinstance(answer, Exception):
-                    raise answer
-                return answer
-
-        return Stub()
 
 
 NOT_FOUND = Response.json(404, {"error": {"code": "workspace_not_found", "message": "x"}})
