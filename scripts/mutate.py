@@ -47,10 +47,15 @@ DEFAULT_TESTS: dict[str, list[str]] = {
         "tests/unit/test_edge_auth.py",
         "tests/unit/test_edge_queries.py",
         "tests/unit/test_edge_keys.py",
+        "tests/unit/test_edge_deployment_routes.py",
         "tests/unit/test_authorize.py",
         "tests/unit/test_operations.py",
     ],
-    "src/directory/": ["tests/unit/test_directory.py", "tests/unit/test_edge_keys.py"],
+    "src/directory/": [
+        "tests/unit/test_directory.py",
+        "tests/unit/test_edge_keys.py",
+        "tests/unit/test_edge_deployment_routes.py",
+    ],
     "src/durable/retention.py": ["tests/unit/test_retention.py", "tests/unit/test_retention_edges.py"],
     "src/durable/": ["tests/unit"],
     "container/supervisor/journal.py": [
