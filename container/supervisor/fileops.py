@@ -24,6 +24,8 @@ def _fail(exc: OSError, what: str) -> ProtocolError:
         return ProtocolError("invalid_path", f"cannot resolve that path ({os.strerror(exc.errno)})")
     if exc.errno == errno.EISDIR:
         return ProtocolError("not_a_file", "the path is a directory")
+    if exc.errno in (errno.ENOSPC, errno.EDQUOT):
+        return ProtocolError("storage_full", f"the workspace's disk is full: cannot {what} that path; free space")
     return ProtocolError("internal_error", f"cannot {what} that path ({os.strerror(exc.errno or 0)})")
 
 

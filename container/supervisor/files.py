@@ -6,6 +6,7 @@ for PUT.
 """
 
 import asyncio
+import errno
 import os
 import socket
 
@@ -102,6 +103,12 @@ async def get_file(request: web.Request) -> web.StreamResponse:
         os.close(fd)
 
 
+DISK_FULL = (
+    "the workspace's disk is full: the file was not written and the previous one at that path is untouched; free"
+    " space in the workspace (or ask the operator) and retry"
+)
+
+
 async def put_file(request: web.Request) -> web.Response:
     query = _query(request, {"path", "mode", "max_bytes"})
     path = _path(query)
@@ -125,8 +132,13 @@ async def put_file(request: web.Request) -> web.Response:
             if written > length:
                 raise ProtocolError("file_too_large", "the body is longer than its Content-Length")
             view = memoryview(chunk)
-            while view:
-                view = view[os.write(fd, view) :]
+            try:
+                while view:
+                    view = view[os.write(fd, view) :]
+            except OSError as exc:
+                if exc.errno in (errno.ENOSPC, errno.EDQUOT):
+                    raise ProtocolError("storage_full", DISK_FULL) from None
+                raise
         if written != length:
             raise ProtocolError("invalid_field", "the body ended before its Content-Length")
         os.close(fd)

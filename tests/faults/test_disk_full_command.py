@@ -48,6 +48,12 @@ def test_command_filling_the_disk_leaves_server_and_neighbours_working(start_ser
                 assert client.get(ws_url("disk", ws)).json()["state"] == "running"
                 assert run_ok(client, "disk", ws, "echo still-here")[0] == "still-here\n"
                 assert_files(client, "disk", ws, files[ws])
+            # an upload that no longer fits is 507 storage_full (not a 500), and the file it replaces is intact
+            path = next(iter(files["hog"]))
+            upload = client.put(ws_url("disk", "hog", "files"), params={"path": path}, content=b"z" * (40 << 20))
+            assert upload.status_code == 507 and upload.json()["error"]["code"] == "storage_full", upload.text
+            assert "disk is full" in upload.json()["error"]["message"]
+            assert_files(client, "disk", "hog", files["hog"])
             # the agent frees the space itself; the reserve comes back once the disk has room
             run_ok(client, "disk", "hog", "rm /workspace/fill")
             time.sleep(5.5)  # reserve.RECHECK_SECONDS
