@@ -8,6 +8,7 @@ returned untouched.
 """
 
 import asyncio
+import dataclasses
 import json
 import logging
 import time
@@ -197,7 +198,7 @@ class Edge:
         parse_query(req.query, NO_PARAMS)
         request = parse_key_request(await read_json(req, empty_ok=False))
         detail.update(target=(request.namespace, request.workspace))
-        minted = await self._ask("mint_key", {"request": {**request.__dict__, "scopes": list(request.scopes)}})
+        minted = await self._ask("mint_key", {"request": dataclasses.asdict(request)})
         detail.update(target_key_id=minted["id"], scopes=minted["scopes"])
         return Response.json(201, minted, {"cache-control": "no-store"})
 
@@ -237,14 +238,13 @@ class Edge:
         """A listed workspace's status object; None (and out of the index) when it no longer exists — an
         ephemeral workspace forgets itself when it goes idle."""
         try:
-            response = await self._workspaces.get(namespace, workspace).call(ops.GET.name, ops.NoArgs())
-            answer = _json_of(response)
+            answer = _json_of(await self._workspaces.get(namespace, workspace).call(ops.GET.name, ops.NoArgs()))
         except Exception:
             log.exception("listing: the status of %s/%s failed", namespace, workspace)
-            answer, response = None, Response(500)
-        if response.status == 200 and isinstance(answer, dict):
-            return answer
+            answer = None
         code = _code_of(answer)
+        if code is None and isinstance(answer, dict):
+            return answer  # a JSON answer that is not an error is the status object
         if code == "workspace_not_found":
             await self._unindex(namespace, workspace)
             return None
@@ -298,7 +298,7 @@ class Edge:
             operation=operation,
             request_id=detail.pop("request_id", None),
             status=response.status,
-            code=_code_of(_json_of(response)) if response.status >= 400 else None,
+            code=_code_of(_json_of(response)),  # only an error answer has one
             duration_ms=int((time.monotonic() - started) * 1000),
             detail=detail,
         )
@@ -336,20 +336,18 @@ def _forgotten(operation: ops.Operation, response: Response) -> bool:
     """The call ended the workspace: a DELETE (or one already gone), or the stop of an ephemeral workspace."""
     if operation is ops.DELETE:
         return response.status == 200 or _code_of(_json_of(response)) == "workspace_not_found"
-    if operation is ops.STOP and response.status == 200:
-        answer = _json_of(response)
-        return isinstance(answer, dict) and answer.get("deleted") is True
-    return False
+    answer = _json_of(response) if operation is ops.STOP and response.status == 200 else None
+    return isinstance(answer, dict) and answer.get("deleted") is True
 
 
 def _json_of(response: Response) -> Any:
     """A buffered JSON answer's value (None for a stream or anything else)."""
-    if not isinstance(response.body, bytes | bytearray) or not response.body:
-        return None
-    try:
-        return json.loads(response.body)
-    except ValueError:
-        return None  # (falling off the end would say the same)  # pragma: no mutate
+    if isinstance(response.body, bytes | bytearray) and response.body:
+        try:
+            return json.loads(response.body)
+        except ValueError:
+            pass
+    return None
 
 
 def _code_of(answer: Any) -> str | None:

@@ -375,3 +375,111 @@ async def test_a_directory_failure_is_logged(caplog):
     status, answer = await send(edge, "GET", "/v1/keys")
     assert (status, code(answer)) == (503, "directory_unavailable")
     assert "the directory failed on list_keys" in caplog.text
+
+
+# --- details the audit log and the answers depend on -------------------------------------------------------------
+
+
+async def test_a_key_can_neither_mint_nor_revoke_and_nothing_changes():
+    edge, _, directory = make()
+    minted = await mint(edge, namespace="ns", scopes=["exec", "files", "snapshots", "manage", "proxy"])
+    body = json.dumps({"namespace": "ns", "scopes": ["exec"]}).encode()
+    status, answer = await send(edge, "POST", "/v1/keys", minted["key"], body=body)
+    assert (status, code(answer)) == (403, "forbidden")
+    status, answer = await send(edge, "DELETE", f"/v1/keys/{minted['id']}", minted["key"])
+    assert (status, code(answer)) == (403, "forbidden")
+    assert [k["id"] for k in await directory.call("list_keys", {"namespace": None})] == [minted["id"]]
+
+
+async def test_minting_needs_a_json_body():
+    edge, _, _ = make()
+    resp = await edge.handle(EdgeRequest("POST", "/v1/keys", "", {"authorization": f"Bearer {TOKEN}"}, Body(b"")))
+    assert (resp.status, code(json.loads(resp.body))) == (415, "unsupported_media_type")
+
+
+async def test_a_listed_workspace_is_its_status_object():
+    status_object = {"namespace": "ns", "workspace": "a", "state": "stopped", "running": False}
+    edge, _, directory = make(ByOperation({"get": Response.json(200, status_object)}))
+    await index(directory, ("ns", "a"))
+    assert (await send(edge, "GET", "/v1/workspaces"))[1]["workspaces"] == [status_object]
+
+
+@pytest.mark.parametrize("status,kept", [(200, True), (201, True), (299, True), (300, False), (409, False)])
+async def test_only_a_2xx_create_keeps_its_slot(status, kept):
+    answer = Response.json(status, {} if status < 300 else {"error": {"code": "config_conflict", "message": "x"}})
+    not_found = Response.json(404, {"error": {"code": "workspace_not_found", "message": "x"}})
+    edge, _, directory = make(ByOperation({"put_config": answer, "get": not_found}))
+    await send(edge, "PUT", "/v1/workspaces/ns/a", body=b"{}")
+    page = await directory.call("list_workspaces", {"namespace": None, "workspace": None, "after": None, "limit": 9})
+    assert (page["workspaces"] == [("ns", "a")]) is kept
+
+
+async def test_a_directory_refusal_other_than_the_cap_asks_no_workspace():
+    class FullDisk:
+        def __init__(self):
+            self.real = directory_object()
+
+        async def call(self, op, args):
+            if op == "reserve_workspace":
+                raise ProtocolError("storage_full")
+            return await self.real.call(op, args)
+
+    workspaces = ByOperation({"get": STATUS})
+    edge, _, _ = make(workspaces, FullDisk())
+    status, answer = await send(edge, "PUT", "/v1/workspaces/ns/a", body=b"{}")
+    assert (status, code(answer)) == (507, "storage_full") and workspaces.calls == []
+
+
+async def test_audit_records_who_and_the_error_code_of_a_refusal():
+    workspaces = Workspaces()
+    workspaces.response = Response.json(200, {})
+    edge, _, _ = make(workspaces)
+    key = await mint(edge, namespace="ns", workspace="a", scopes=["exec"], label="bot")
+    await send(edge, "POST", "/v1/workspaces/ns/a/exec", key["key"], body=b"{")  # 400 invalid_json
+    await send(edge, "POST", "/v1/workspaces/ns/b/exec", key["key"], body=b"{}")  # 403
+    await send(edge, "POST", "/v1/workspaces/ns/a/stop")  # the admin
+    admin, refused, invalid, minted = await audit(edge)
+    assert (admin["actor"], admin["key_id"], admin["key_label"], admin["code"]) == ("admin", None, None, None)
+    assert (refused["key_label"], refused["status"], refused["code"]) == ("bot", 403, "forbidden")
+    assert (invalid["status"], invalid["code"]) == (400, "invalid_json")
+    assert minted["operation"] == "mint_key"
+
+
+async def test_an_audit_record_holds_how_long_the_request_took():
+    import asyncio
+
+    class Slow(Workspaces):
+        def get(self, namespace, workspace):
+            stub = super().get(namespace, workspace)
+
+            class Later:
+                async def call(self, op, args, body=None):
+                    await asyncio.sleep(0.05)
+                    return await stub.call(op, args, body)
+
+            return Later()
+
+    workspaces = Slow()
+    workspaces.response = Response.json(200, {})
+    edge, _, _ = make(workspaces)
+    await send(edge, "POST", "/v1/workspaces/ns/a/stop")
+    (record,) = await audit(edge)
+    assert 50 <= record["duration_ms"] < 5000
+
+
+@pytest.mark.parametrize("before,ok", [("9" * 18, True), ("9" * 19, False)])
+async def test_the_audit_cursor_has_at_most_eighteen_digits(before, ok):
+    edge, _, _ = make()
+    status, _ = await send(edge, "GET", "/v1/audit", query=f"before={before}")
+    assert (status == 200) is ok
+
+
+async def test_an_internal_error_logs_the_first_200_characters_of_the_path(caplog):
+    edge, workspaces, _ = make()
+    workspaces.raise_exc = RuntimeError("boom")
+    path = "/v1/workspaces/ns/ws/exec/" + "b" * 300
+    status, answer = await send(edge, "GET", path)
+    assert (status, code(answer)) == (400, "invalid_request_id")  # a route error, not logged
+    edge._log_unexpected(EdgeRequest("GET", path), RuntimeError("boom"))
+    line = caplog.records[-1].getMessage().splitlines()[0]
+    assert line == "internal error on GET " + path[:200]
