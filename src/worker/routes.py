@@ -92,9 +92,9 @@ class MethodNotAllowed(ProtocolError):
 
 
 def _shape_matches(template: tuple[str, ...], rest: list[str]) -> bool:
-    return len(template) == len(rest) and all(
-        t in ("{id}", "{key}") or t == r for t, r in zip(template, rest, strict=True)
-    )
+    # the lengths are compared first, so zip's strictness could never matter
+    same_length = len(template) == len(rest)
+    return same_length and all(t in ("{id}", "{key}") or t == r for t, r in zip(template, rest))  # noqa: B905
 
 
 def match(method: str, path: str) -> Route:

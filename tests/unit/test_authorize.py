@@ -103,3 +103,11 @@ def test_what_changes_or_runs_something_is_audited_and_nothing_else():
 )
 def test_listing_names_nothing_beyond_the_reach(principal, namespace, workspace, ok):
     assert may_list(principal, namespace, workspace) is ok
+
+
+def test_the_admin_covers_everything_and_a_principal_is_frozen():
+    import dataclasses
+
+    assert ADMIN.covers("any", "thing") and ADMIN.covers(None, None)
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        Principal("k", "", "ns").scopes = frozenset(SCOPES)  # type: ignore[misc]
