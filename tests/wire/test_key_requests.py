@@ -70,3 +70,30 @@ def test_key_shapes():
     with pytest.raises(ProtocolError) as err:
         validate_key_id("0123")
     assert err.value.code == "key_not_found"
+
+
+@pytest.mark.parametrize("scope", ["exec", "files", "snapshots", "manage", "proxy"])
+def test_each_documented_scope_is_accepted(scope):
+    assert parse_key_request({"namespace": "ns", "scopes": [scope]}).scopes == (scope,)
+
+
+def test_the_shortest_expiry_and_a_null_label():
+    req = parse_key_request({"namespace": "ns", "scopes": ["exec"], "expires_in": 1, "label": None})
+    assert (req.expires_in, req.label) == (1, "")
+
+
+def test_an_unknown_scope_is_named_first_in_order_and_cut_at_64_characters():
+    with pytest.raises(ProtocolError) as err:
+        parse_key_request({"namespace": "ns", "scopes": ["zz", "aa"]})
+    assert "'aa'" in err.value.message and "'zz'" not in err.value.message
+    with pytest.raises(ProtocolError) as err:
+        parse_key_request({"namespace": "ns", "scopes": ["q" * 100]})
+    assert f"'{'q' * 64}'" in err.value.message
+
+
+def test_a_key_request_is_frozen():
+    import dataclasses
+
+    req = parse_key_request({"namespace": "ns", "scopes": ["exec"]})
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        req.scopes = ("manage",)  # type: ignore[misc]
