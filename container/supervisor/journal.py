@@ -10,6 +10,8 @@ import time
 
 
 class Journal:
+    first = 0  # offset of the first code point kept: a command's journal keeps everything (cf. servicelog.py)
+
     def __init__(self, max_chars: int):
         self.max_chars = max_chars
         self._chunks: list[str] = []

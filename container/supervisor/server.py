@@ -7,16 +7,15 @@ import stat
 
 from aiohttp import web
 
-from flarebox_supervisor import __version__
+from flarebox_supervisor import __version__, port_sockets, services
 from flarebox_supervisor.files import get_file, put_file
+from flarebox_supervisor.httpio import no_query, read_json, stream_journal
 from flarebox_supervisor.identity import Identity
-from flarebox_supervisor.journal import Journal
 from flarebox_supervisor.registry import Registry
 from flarebox_supervisor.settings import Settings
-from flarebox_supervisor.stream import follow
 from protocol.errors import ERRORS, ProtocolError, error_body
 from protocol.limits import MAX_BODY_BYTES
-from protocol.validate import parse_exec_request, parse_json_object, validate_offset, validate_request_id
+from protocol.validate import parse_exec_request, validate_offset, validate_request_id
 
 log = logging.getLogger("flarebox_supervisor")
 
@@ -50,32 +49,6 @@ async def health(request: web.Request) -> web.Response:
     return web.json_response({"ok": True, "version": __version__, "running": registry.running(), "user": identity.name})
 
 
-async def _read_json(request: web.Request) -> dict:
-    if request.content_type != "application/json":  # parameters such as charset are allowed, as on the public API
-        raise ProtocolError("unsupported_media_type")
-    if request.content_length is not None and request.content_length > MAX_BODY_BYTES:
-        raise ProtocolError("payload_too_large")
-    return parse_json_object(await request.read())  # over client_max_size: HTTP 413 → payload_too_large
-
-
-async def _stream(request: web.Request, journal: Journal, offset: int) -> web.StreamResponse:
-    response = web.StreamResponse(headers={"Content-Type": "application/x-ndjson", "Cache-Control": "no-store"})
-    await response.prepare(request)
-    try:
-        async for chunk in follow(journal, offset, request.app["settings"].heartbeat_seconds):
-            await response.write(chunk)
-        await response.write_eof()
-    except ConnectionResetError:
-        pass  # the client went away; the command keeps running and can be reattached by its request id
-    return response
-
-
-def _no_query(request: web.Request, allowed: frozenset = frozenset()) -> None:
-    for key in request.query:
-        if key not in allowed or len(request.query.getall(key)) > 1:
-            raise ProtocolError("invalid_query", f"unexpected query parameter {key!r}")
-
-
 def _is_dir(path: str) -> bool:
     try:
         return stat.S_ISDIR(os.stat(path).st_mode)
@@ -84,35 +57,35 @@ def _is_dir(path: str) -> bool:
 
 
 async def start_exec(request: web.Request) -> web.StreamResponse:
-    _no_query(request)
-    exec_request = parse_exec_request(await _read_json(request))
+    no_query(request)
+    exec_request = parse_exec_request(await read_json(request))
     settings: Settings = request.app["settings"]
     cwd = exec_request.cwd or settings.workdir
     if not _is_dir(cwd):
         raise ProtocolError("invalid_cwd", "cwd is not a directory")
     command = request.app["registry"].start(exec_request, cwd)
-    return await _stream(request, command.journal, 0)
+    return await stream_journal(request, command.journal, 0)
 
 
 async def reattach(request: web.Request) -> web.StreamResponse:
     request_id = validate_request_id(request.match_info["request_id"])
-    _no_query(request, frozenset({"offset"}))
+    no_query(request, frozenset({"offset"}))
     offset = validate_offset(request.query.get("offset", "0"))
     command = request.app["registry"].get(request_id)
     if command is None:
         raise ProtocolError("request_not_found")
-    return await _stream(request, command.journal, offset)
+    return await stream_journal(request, command.journal, offset)
 
 
 async def cancel(request: web.Request) -> web.Response:
     request_id = validate_request_id(request.match_info["request_id"])
-    _no_query(request)
+    no_query(request)
     state = request.app["registry"].cancel(request_id)
     return web.json_response({"request_id": request_id, "state": state})
 
 
 async def sync(request: web.Request) -> web.Response:
-    _no_query(request)
+    no_query(request)
     await asyncio.to_thread(os.sync)
     return web.json_response({"ok": True})
 
@@ -130,6 +103,8 @@ def make_app(settings: Settings, identity: Identity, files) -> web.Application:
     app.router.add_get("/files", get_file)
     app.router.add_put("/files", put_file)
     app.router.add_post("/sync", sync)
+    services.add_routes(app)
+    port_sockets.add_routes(app)
 
     async def on_shutdown(app: web.Application) -> None:
         app["registry"].kill_all()

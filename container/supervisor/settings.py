@@ -1,7 +1,8 @@
 """Supervisor settings: the CLI's choices plus a few operator overrides from the environment.
 
 Limits default to protocol v1; an operator may only lower the file limits (FLAREBOX_MAX_FILE_*_BYTES). The heartbeat
-interval is overridable so tests can observe heartbeats without waiting 10 s.
+interval, a service's first restart delay and the proxy's head timeout may be lowered too, so tests can observe
+heartbeats, crash loops and timeouts without waiting for the protocol's values.
 """
 
 import os
@@ -25,6 +26,12 @@ class Settings:
     # Memory bound for kept journals (code points over all finished commands), so 256 journals of 2,000,000 code
     # points each cannot exhaust a small instance; the oldest finished journals go first.
     journal_budget_chars: int = 32_000_000
+    service_log_chars: int = limits.SERVICE_LOG_CHARS
+    service_backoff_first_seconds: float = limits.SERVICE_BACKOFF_FIRST_SECONDS
+    service_backoff_max_seconds: float = limits.SERVICE_BACKOFF_MAX_SECONDS
+    service_quick_exit_seconds: float = limits.SERVICE_QUICK_EXIT_SECONDS
+    service_max_quick_exits: int = limits.SERVICE_MAX_QUICK_EXITS
+    proxy_head_seconds: float = limits.PROXY_HEAD_SECONDS
 
 
 def _positive(environ: dict, name: str, default: float, cap: float | None = None) -> float:
@@ -52,5 +59,15 @@ def settings_from_env(workdir: str, environ: dict | None = None) -> Settings:
         ),
         heartbeat_seconds=_positive(
             env, "FLAREBOX_HEARTBEAT_SECONDS", limits.HEARTBEAT_SECONDS, limits.HEARTBEAT_SECONDS
+        ),
+        # lower only, like the heartbeat: tests see a crash loop end and a silent upstream time out in well under 1 s
+        service_backoff_first_seconds=_positive(
+            env,
+            "FLAREBOX_SERVICE_BACKOFF_FIRST_SECONDS",
+            limits.SERVICE_BACKOFF_FIRST_SECONDS,
+            limits.SERVICE_BACKOFF_FIRST_SECONDS,
+        ),
+        proxy_head_seconds=_positive(
+            env, "FLAREBOX_PROXY_HEAD_SECONDS", limits.PROXY_HEAD_SECONDS, limits.PROXY_HEAD_SECONDS
         ),
     )

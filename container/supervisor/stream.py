@@ -33,9 +33,11 @@ async def follow(journal: Journal, offset: int, heartbeat_seconds: float) -> Asy
     position = offset
     while True:
         changed = journal.changed()
+        position = max(position, journal.first)  # a service's log (a ring) may have dropped what was not sent yet
         if journal.size > position:
             if journal.terminal is None and journal.size - position < limits.MAX_OUTPUT_FRAME_CHARS:
                 await _fill(journal, position + limits.MAX_OUTPUT_FRAME_CHARS)
+                position = max(position, journal.first)
             text = journal.read(position, _BATCH_CHARS)
             yield encode_frames(text, position)
             position += len(text)

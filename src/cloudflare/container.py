@@ -1,8 +1,10 @@
 """ports.Container over `ctx.container`, the Durable Object's Cloudflare Container.
 
 `ctx.container` is a raw JS object (the SDK converts nothing for it): options go in as plain JS objects (`jsobj`).
-Snapshots are Cloudflare container snapshots; their handles (`{id, size, name}`) live in this object's SQLite so
-a restore can pass the whole handle back to `start({containerSnapshot})`.
+Snapshots are Cloudflare container snapshots; their handles (`{id, size, name}`) live in this object's SQLite; a restore
+passes its id back (`start({containerSnapshot: {id}})`). Cloudflare deletes a snapshot
+SNAPSHOT_LIFETIME_DAYS after it was made or last restored, on its own: each SnapshotInfo carries that expiry, and the
+workspace asks `snapshot_expiry` for the new one after each restore.
 """
 
 import asyncio
@@ -11,10 +13,12 @@ import logging
 from typing import Any
 
 import js
-from pyodide.ffi import JsException
+from pyodide.ffi import JsException, create_proxy
 
-from cloudflare.jsutil import headers_dict, is_null, jsobj, to_bytes, uint8
+from cloudflare import streams
+from cloudflare.jsutil import header_pairs, headers_dict, is_null, jsobj, to_bytes, uint8
 from durable.ports import ContainerGone, SnapshotInfo, StartSpec
+from protocol import limits
 from protocol.errors import ProtocolError
 from protocol.limits import CONTROL_BODY_BYTES
 
@@ -25,19 +29,26 @@ SUPERVISOR_ORIGIN = "http://container"
 # setInactivityTimeout is only a last resort (a container the idle alarm failed to stop must not run for ever): it
 # fires this long after the idle alarm should have snapshotted and stopped the container.
 INACTIVITY_MARGIN_SECONDS = 1800
+# How long Cloudflare keeps a container snapshot after it was made or last restored; a restore after that fails.
+# The platform's rule, not a setting.
+SNAPSHOT_LIFETIME_DAYS = 30
+SNAPSHOT_LIFETIME_MS = SNAPSHOT_LIFETIME_DAYS * 24 * 3600 * 1000
 
 _HANDLES_TABLE = """CREATE TABLE IF NOT EXISTS cf_container_snapshots (
   id TEXT PRIMARY KEY, handle TEXT NOT NULL, created_at_ms INTEGER NOT NULL)"""
 
 
 class JsContainerResponse:
-    """ports.ContainerResponse over a JS Response from the container's port."""
+    """ports.ContainerResponse over a JS Response from the container's port. `read_seconds` bounds a whole
+    `read()` (a control answer): a drip of bytes must not hold a request for ever."""
 
-    def __init__(self, js_response: Any):
+    def __init__(self, js_response: Any, read_seconds: float | None = None):
         self._js = js_response
         self.status = int(js_response.status)
         self.headers = headers_dict(js_response.headers)
+        self.header_pairs = header_pairs(js_response.headers)
         self.body = None if is_null(js_response.body) else js_response.body
+        self._read_seconds = read_seconds
 
     async def read(self, limit: int = CONTROL_BODY_BYTES) -> bytes:
         """Chunk by chunk, never arrayBuffer(): a hostile sandbox's endless answer must not fill the isolate."""
@@ -45,6 +56,18 @@ class JsContainerResponse:
             return b""
         try:
             reader = self.body.getReader()
+        except JsException as exc:
+            raise ContainerGone("the container stopped while answering") from exc
+        if self._read_seconds is None:
+            return await self._read(reader, limit)
+        try:
+            return await asyncio.wait_for(self._read(reader, limit), self._read_seconds)
+        except TimeoutError:
+            reader.cancel().then(_IGNORE, _IGNORE)  # drops the connection, unread
+            raise ContainerGone(f"the container did not finish a control answer in {self._read_seconds:g} s") from None
+
+    async def _read(self, reader: Any, limit: int) -> bytes:
+        try:
             chunks: list[bytes] = []
             size = 0
             while not (result := await reader.read()).done:
@@ -101,10 +124,15 @@ class CloudflareContainer:
             handle = None
         js_options = jsobj(options)
         if handle is not None:
-            js_options.containerSnapshot = jsobj(handle)
+            # ContainerSnapshotRestoreParams is {id} (workers-types; the runtime reads nothing else of it)
+            js_options.containerSnapshot = jsobj({"id": str(handle["id"])})
         else:
             js_options.image = self._image_ref(spec.image)
         try:
+            # start() returns at once: only a call the runtime refuses outright (a wrong option type, a container
+            # already running) throws here. A start that fails later (no capacity, a bad image, a snapshot the
+            # platform no longer has) shows as `running` turning false and monitor() rejecting, which
+            # supervisor_client.wait_ready turns into container_unavailable.
             self._container.start(js_options)
         except JsException as exc:
             log.error("container start failed: %s", exc)
@@ -146,34 +174,83 @@ class CloudflareContainer:
         headers: dict[str, str] | None = None,
         timeout: float | None = None,
     ) -> JsContainerResponse:
+        """A request to the supervisor. With `timeout`, the whole exchange is bounded by it; without, the silence
+        guard applies (streams.SILENCE_SECONDS): the head must come that long after the request (and its body)
+        went out, and a supervisor stream that goes silent that long is ended by the sink relaying it."""
         if not self.running():
             raise ContainerGone("the container is not running")
-        init: dict[str, Any] = {"method": method, "headers": dict(headers or {})}
-        js_init = jsobj(init)
-        if body is not None:
-            if isinstance(body, bytes | bytearray):
-                js_init.body = uint8(bytes(body))
-            else:
-                js_init.body = body
-                js_init.duplex = "half"  # a streamed request body (the fetch standard asks for it)
+        js_init, upload = _request_init(method, body, headers)
+        silence = streams.SILENCE_SECONDS
+        controller = None
         if timeout is not None:
             js_init.signal = js.AbortSignal.timeout(int(timeout * 1000))
+        else:
+            # aborted only when no head came: aborting later would cut the body being relayed
+            controller = js.AbortController.new()
+            js_init.signal = controller.signal
         try:
-            port = self._container.getTcpPort(SUPERVISOR_PORT)
-            return JsContainerResponse(await port.fetch(SUPERVISOR_ORIGIN + path, js_init))
+            pending = self._container.getTcpPort(SUPERVISOR_PORT).fetch(SUPERVISOR_ORIGIN + path, js_init)
+            if controller is None:
+                js_response = await pending
+            else:
+                js_response = await _head(pending, upload, silence)
+        except TimeoutError:
+            controller.abort()
+            log.warning("the supervisor sent no answer to %s %s in %g s", method, path.split("?", 1)[0], silence)
+            raise ContainerGone(streams.silence_message(silence)) from None
         except JsException as exc:
             log.debug("container fetch %s %s failed: %s", method, path.split("?", 1)[0], exc)
             raise ContainerGone("the container did not answer") from exc
+        response = JsContainerResponse(js_response, read_seconds=timeout if timeout is not None else silence)
+        if response.body is not None and _is_ndjson(response.headers):
+            streams.expect_heartbeats(response.body)  # exec, reattach and service-log streams heartbeat
+        return response
+
+    async def fetch_port(
+        self,
+        port: int,
+        method: str,
+        path: str,
+        *,
+        body: Any = None,
+        headers: dict[str, str] | None = None,
+    ) -> JsContainerResponse:
+        if not self.running():
+            raise ContainerGone("the container is not running")
+        js_init, _upload = _request_init(method, body, headers)
+        # Only the wait for the head is bounded: a signal timing out the whole fetch would also cut a long body
+        # (an SSE stream). The controller is aborted only when no head came, to free the connection.
+        controller = js.AbortController.new()
+        js_init.signal = controller.signal
+        try:
+            pending = self._container.getTcpPort(port).fetch(f"http://127.0.0.1:{port}{path}", js_init)
+            js_response = await asyncio.wait_for(_awaited(pending), limits.PROXY_HEAD_SECONDS)
+        except TimeoutError:
+            controller.abort()
+            raise ProtocolError("upstream_timeout", f"port {port} sent no answer in time") from None
+        except JsException as exc:
+            if not self.running():
+                raise ContainerGone("the container stopped during the request") from exc
+            log.debug("port %d fetch %s failed: %s", port, method, exc)
+            raise ProtocolError("upstream_unavailable", f"nothing answers on port {port}") from None
+        return JsContainerResponse(js_response)
 
     async def snapshot(self) -> SnapshotInfo:
-        name = f"flarebox-{self._clock.now_ms()}"
+        asked_ms = self._clock.now_ms()
+        name = f"flarebox-{asked_ms}"
         try:
             js_handle = await self._container.snapshotContainer(jsobj({"name": name}))
         except JsException as exc:
             log.error("snapshotContainer failed: %s", exc)
             raise ProtocolError("snapshot_failed") from exc
         handle = json.loads(str(js.JSON.stringify(js_handle)))
-        info = SnapshotInfo(id=str(handle["id"]), size=int(handle.get("size") or 0), created_at_ms=self._clock.now_ms())
+        info = SnapshotInfo(
+            id=str(handle["id"]),
+            size=int(handle.get("size") or 0),
+            created_at_ms=self._clock.now_ms(),
+            # counted from before the call: the platform made it no earlier, so this never outlives the real one
+            expires_at_ms=self.snapshot_expiry(asked_ms),
+        )
         self._storage.sql(
             "INSERT OR REPLACE INTO cf_container_snapshots (id, handle, created_at_ms) VALUES (?, ?, ?)",
             info.id,
@@ -182,8 +259,12 @@ class CloudflareContainer:
         )
         return info
 
+    def snapshot_expiry(self, alive_from_ms: int) -> int | None:
+        return alive_from_ms + SNAPSHOT_LIFETIME_MS
+
     async def delete_snapshot(self, snapshot_id: str) -> None:
-        # Cloudflare expires snapshots on its own (an implicit TTL); forgetting the handle is all there is to do.
+        # Cloudflare expires snapshots on its own (SNAPSHOT_LIFETIME_DAYS) and has no delete; forgetting the handle
+        # is all there is to do.
         self._storage.sql("DELETE FROM cf_container_snapshots WHERE id = ?", snapshot_id)
 
     async def destroy(self) -> None:
@@ -198,3 +279,65 @@ class CloudflareContainer:
                 await asyncio.wait_for(asyncio.shield(self._monitor), 30)
             except TimeoutError:
                 log.warning("container still running 30 s after destroy()")
+
+
+def _request_init(method: str, body: Any, headers: dict[str, str] | None) -> tuple[Any, Any]:
+    """The fetch init, and the promise of a streamed body's pipe into its FixedLengthStream (else None).
+
+    A stream with a declared length (a file upload: content-length in `headers`) goes through
+    FixedLengthStream(length): workerd sends a stream of unknown length chunked and drops an explicit
+    content-length header (tests/workerd), and the supervisor refuses an upload without one (length_required).
+    Through FixedLengthStream the body has that length whatever the Worker handed over; a body of another length
+    fails the request instead of reaching the supervisor."""
+    js_init = jsobj({"method": method, "headers": dict(headers or {})})
+    upload = None
+    if not is_null(body):
+        if isinstance(body, bytes | bytearray):
+            js_init.body = uint8(bytes(body))
+        else:
+            length = _declared_length(headers)
+            if length == 0:
+                body.cancel().then(_IGNORE, _IGNORE)  # nothing to send: an empty body of known length
+                js_init.body = uint8(b"")
+            else:
+                if length is not None:
+                    fixed = js.FixedLengthStream.new(length)
+                    upload = body.pipeTo(fixed.writable)
+                    upload.then(_IGNORE, _IGNORE)  # its failure shows as the fetch's; never an unhandled rejection
+                    body = fixed.readable
+                js_init.body = body
+                js_init.duplex = "half"  # a streamed request body (the fetch standard asks for it)
+    return js_init, upload
+
+
+def _declared_length(headers: dict[str, str] | None) -> int | None:
+    for name, value in (headers or {}).items():
+        if name.lower() == "content-length":
+            value = value.strip()
+            return int(value) if value.isdigit() else None
+    return None
+
+
+def _is_ndjson(headers: dict[str, str]) -> bool:
+    return headers.get("content-type", "").split(";", 1)[0].strip().lower() == "application/x-ndjson"
+
+
+async def _head(pending: Any, upload: Any, seconds: float) -> Any:
+    """The response head of `pending`, waited for at most `seconds` after the request body went out (TimeoutError
+    past that). An upload's head comes only once its body is through, and a slow client is not the container's
+    silence."""
+    fetched = asyncio.ensure_future(_awaited(pending))
+    if upload is not None:
+        sent = asyncio.ensure_future(_awaited(upload))
+        sent.add_done_callback(lambda f: f.cancelled() or f.exception())  # retrieved: the fetch reports it
+        await asyncio.wait({fetched, sent}, return_when=asyncio.FIRST_COMPLETED)
+    return await asyncio.wait_for(fetched, seconds)
+
+
+async def _awaited(promise: Any) -> Any:
+    """A JS promise as a coroutine, for asyncio.wait_for."""
+    return await promise
+
+
+# One handler for the rejections nobody awaits (created once: a proxy per call would leak)
+_IGNORE = create_proxy(lambda *_args: None)

@@ -9,10 +9,11 @@ from typing import Any
 
 from cloudflare import wire
 from cloudflare.alarm import DurableAlarm
+from cloudflare.cipher import WebCryptoCipher
 from cloudflare.clock import JsClock
 from cloudflare.container import CloudflareContainer
 from cloudflare.jsutil import is_null
-from cloudflare.settings import settings_from_env
+from cloudflare.settings import env_var, settings_from_env
 from cloudflare.storage import DurableStorage
 from cloudflare.streams import JsStreams
 from cloudflare.worker_side import JsRequestBody
@@ -34,6 +35,7 @@ class WorkspaceHost:
         self._clock = JsClock(ctx)
         self._container = CloudflareContainer(ctx, self._storage, self._clock, self._settings.idle_seconds)
         self._streams = JsStreams()
+        self._cipher = WebCryptoCipher(env_var(env, "SECRETS_KEY"))  # a secret (wrangler secret put), not a var
         self._storage.sql(_IDENTITY_TABLE)
         self._workspace: Workspace | None = None
         rows = self._storage.sql("SELECT namespace, name FROM cf_identity WHERE key = 'self'")
@@ -50,6 +52,7 @@ class WorkspaceHost:
             clock=self._clock,
             container=self._container,
             streams=self._streams,
+            cipher=self._cipher,
         )
         return self._workspace
 

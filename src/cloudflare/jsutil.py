@@ -27,6 +27,23 @@ def headers_dict(js_headers: Any) -> dict[str, str]:
     return {str(pair[0]): str(pair[1]) for pair in js_headers.entries()}
 
 
+def header_pairs(js_headers: Any) -> list[tuple[str, str]]:
+    """Every header of a JS Headers object, lower-case names, in its order. Set-Cookie comes from getSetCookie(),
+    one pair per cookie: joined with ", " (as a runtime's entries() may give them) they could not be told apart,
+    an Expires date holding a comma itself."""
+    get_set_cookie = getattr(js_headers, "getSetCookie", None)
+    cookies = None if is_null(get_set_cookie) else [str(cookie) for cookie in js_headers.getSetCookie()]
+    pairs: list[tuple[str, str]] = []
+    for pair in js_headers.entries():
+        name, value = str(pair[0]), str(pair[1])
+        if name == "set-cookie" and cookies is not None:
+            pairs.extend(("set-cookie", cookie) for cookie in cookies)
+            cookies = []  # all of them at the first set-cookie entry: later entries repeat them
+            continue
+        pairs.append((name, value))
+    return pairs
+
+
 def uint8(data: bytes) -> Any:
     """bytes as a JS Uint8Array that owns a copy (valid after this call returns)."""
     return to_js(data)

@@ -6,9 +6,11 @@ import json
 from typing import Any
 
 import js
+from pyodide.ffi import JsProxy
 
 from cloudflare import wire
-from cloudflare.jsutil import headers_dict, is_null, jsobj, to_bytes, uint8
+from cloudflare.jsutil import header_pairs, headers_dict, is_null, jsobj, to_bytes, uint8
+from durable import operations as ops
 from durable.ports import JSON_TYPE, Response
 from protocol.errors import ERRORS, ProtocolError, http_status
 from worker.request import EdgeRequest
@@ -18,6 +20,8 @@ WORKSPACE_JSON_BYTES = 1024 * 1024
 # The directory is our own object, so this only keeps a runaway answer from taking the isolate down. Its largest
 # legitimate answer is a page of audit records, each holding a command's text.
 DIRECTORY_ANSWER_BYTES = 32 * 1024 * 1024
+# Statuses whose Response may not have a body (the Response constructor throws on one)
+NULL_BODY_STATUSES = frozenset((101, 204, 205, 304))
 
 
 class JsRequestBody:
@@ -48,6 +52,12 @@ class JsRequestBody:
     def stream(self) -> Any:
         return self._body
 
+    def stream_at_most(self, limit: int) -> Any:
+        # Cloudflare refuses a request body over the plan's limit (413) before the Worker runs: 100 MB on Free and
+        # Pro, limits.MAX_PROXY_BODY_BYTES. Business and Enterprise allow more, so there a proxied body may be
+        # larger than the standalone runtime would let through.
+        return self._body
+
 
 def _split_url(url: str) -> tuple[str, str]:
     """(raw path, raw query) of an absolute URL, without decoding anything."""
@@ -60,24 +70,39 @@ def _split_url(url: str) -> tuple[str, str]:
 
 
 def edge_request(js_request: Any) -> EdgeRequest:
-    path, query = _split_url(str(js_request.url))
+    url = str(js_request.url)
+    path, query = _split_url(url)
+    headers = headers_dict(js_request.headers)
     return EdgeRequest(
         method=str(js_request.method).upper(),
         path=path,
         query=query,
-        headers=headers_dict(js_request.headers),
+        headers=headers,
         body=JsRequestBody(js_request.body),
+        # Cloudflare sets CF-Connecting-IP to the client's address, replacing one the client sent
+        client_ip=headers.get("cf-connecting-ip", ""),
+        scheme=url.split("://", 1)[0].lower(),
     )
 
 
 def js_response(resp: Response) -> Any:
-    """A ports.Response as a JS Response; a stream body passes through untouched."""
+    """A ports.Response as a JS Response; a stream body passes through untouched. `header_pairs` come after
+    `headers`, appended one by one so that several Set-Cookie stay several."""
     body = resp.body
-    if isinstance(body, bytes | bytearray):
+    if resp.status in NULL_BODY_STATUSES:
+        if isinstance(body, JsProxy):
+            body.cancel()  # a relayed 204/304 has nothing to send: its stream (the relay's, empty) is let go
+        body = None
+    elif isinstance(body, bytes | bytearray):
         body = uint8(bytes(body)) if body else None
     elif is_null(body):
         body = None
-    return js.Response.new(body, jsobj({"status": resp.status, "headers": dict(resp.headers)}))
+    headers = js.Headers.new(jsobj(dict(resp.headers)))
+    for name, value in resp.header_pairs:
+        headers.append(name, value)
+    init = jsobj({"status": resp.status})
+    init.headers = headers
+    return js.Response.new(body, init)
 
 
 class DurableObjectStub:
@@ -109,6 +134,10 @@ class DurableObjectStub:
             js_resp = (await self._stub.fetch(request)).js_object
         except Exception as exc:  # the SDK raises its own error types for a failed fetch
             raise ProtocolError("internal_error", "the workspace object did not answer") from exc
+        if op == ops.PROXY.name:
+            # a proxied answer, relayed as it is: never read (a service's JSON may be large), every header kept
+            body = None if is_null(js_resp.body) else js_resp.body
+            return Response(status=int(js_resp.status), body=body, header_pairs=header_pairs(js_resp.headers))
         headers = headers_dict(js_resp.headers)
         if is_null(js_resp.body):
             body: Any = b""

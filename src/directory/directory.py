@@ -44,6 +44,7 @@ def key_to_wire(row: dict[str, Any]) -> dict[str, Any]:
         "namespace": row["namespace"],
         "workspace": row["workspace"],
         "scopes": row["scopes"].split(",") if row["scopes"] else [],
+        "service": row.get("service"),
         "created_at": iso_ms(row["created_ms"]),
         "expires_at": iso_ms(row["expires_ms"]),
         "last_used_at": iso_ms(row["last_used_ms"]),
@@ -84,8 +85,8 @@ class Directory:
         expires = None if req.expires_in is None else now + req.expires_in * 1000
         # one statement: the cap holds however many mints race; expired keys (listed until revoked) do not count
         self._sql(
-            "INSERT INTO keys (id, digest, label, namespace, workspace, scopes, created_ms, expires_ms)"
-            " SELECT ?, ?, ?, ?, ?, ?, ?, ?"
+            "INSERT INTO keys (id, digest, label, namespace, workspace, scopes, created_ms, expires_ms, service)"
+            " SELECT ?, ?, ?, ?, ?, ?, ?, ?, ?"
             " WHERE (SELECT count(*) FROM keys WHERE expires_ms IS NULL OR expires_ms > ?) < ?",
             key_id,
             _digest(key),
@@ -95,6 +96,7 @@ class Directory:
             ",".join(req.scopes),
             now,
             expires,
+            req.service,
             now,
             limits.MAX_KEYS,
         )

@@ -9,7 +9,7 @@ No runtime imports: this runs under CPython and Pyodide.
 """
 
 from dataclasses import MISSING, asdict, dataclass, fields, is_dataclass
-from typing import Any
+from typing import Any, get_origin
 
 from protocol.errors import ProtocolError
 from protocol.validate import ExecRequest, WorkspaceConfig
@@ -54,6 +54,47 @@ class WriteFileArgs:
 
 
 @dataclass(frozen=True)
+class ServiceArgs:
+    name: str  # validated service name
+
+
+@dataclass(frozen=True)
+class PutServiceArgs:
+    name: str
+    spec: dict[str, Any]  # protocol.services.ServiceSpec.to_json() of the validated body
+
+
+@dataclass(frozen=True)
+class ServiceLogsArgs:
+    name: str
+    offset: int = 0
+
+
+@dataclass(frozen=True)
+class SecretArgs:
+    name: str  # validated secret name
+
+
+@dataclass(frozen=True)
+class PutSecretArgs:
+    name: str
+    value: str  # never logged, audited or answered
+
+
+@dataclass(frozen=True)
+class ProxyArgs:
+    """A request for a port inside the workspace, as the edge prepared it: the path normalized (protocol/proxy.py)
+    and the headers the upstream may see (the caller's credentials already stripped)."""
+
+    method: str
+    path: str  # normalized, decoded; encoded again when forwarded
+    query: str  # raw, without `?`
+    headers: dict[str, str]
+    port: int | None = None  # …/ports/{port}/…
+    service: str | None = None  # /v1/proxy: the service the key is bound to
+
+
+@dataclass(frozen=True)
 class Operation:
     name: str
     args: type  # the frozen dataclass its handler takes
@@ -71,10 +112,38 @@ WRITE_FILE = Operation("write_file", WriteFileArgs, streams_body=True)
 SNAPSHOT = Operation("snapshot", NoArgs)
 SNAPSHOTS = Operation("snapshots", NoArgs)
 STOP = Operation("stop", NoArgs)
+PUT_SERVICE = Operation("put_service", PutServiceArgs)
+LIST_SERVICES = Operation("list_services", NoArgs)
+DELETE_SERVICE = Operation("delete_service", ServiceArgs)
+SERVICE_LOGS = Operation("service_logs", ServiceLogsArgs)
+PROXY = Operation("proxy", ProxyArgs, streams_body=True)
+PUT_SECRET = Operation("put_secret", PutSecretArgs)
+LIST_SECRETS = Operation("list_secrets", NoArgs)
+DELETE_SECRET = Operation("delete_secret", SecretArgs)
 
 OPERATIONS: dict[str, Operation] = {
     op.name: op
-    for op in (GET, PUT_CONFIG, DELETE, EXEC, REATTACH, CANCEL, READ_FILE, WRITE_FILE, SNAPSHOT, SNAPSHOTS, STOP)
+    for op in (
+        GET,
+        PUT_CONFIG,
+        DELETE,
+        EXEC,
+        REATTACH,
+        CANCEL,
+        READ_FILE,
+        WRITE_FILE,
+        SNAPSHOT,
+        SNAPSHOTS,
+        STOP,
+        PUT_SERVICE,
+        LIST_SERVICES,
+        DELETE_SERVICE,
+        SERVICE_LOGS,
+        PROXY,
+        PUT_SECRET,
+        LIST_SECRETS,
+        DELETE_SECRET,
+    )
 }
 
 
@@ -94,7 +163,11 @@ def _build(cls: type, obj: dict[str, Any]) -> Any:
                 raise ValueError(f"{cls.__name__} needs {f.name!r}")
             continue
         value = obj[f.name]
-        values[f.name] = _build(f.type, value) if is_dataclass(f.type) else value
+        if is_dataclass(f.type):
+            value = _build(f.type, value)
+        elif get_origin(f.type) is tuple and isinstance(value, list):  # JSON has arrays only
+            value = tuple(value)
+        values[f.name] = value
     return cls(**values)
 
 

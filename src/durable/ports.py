@@ -26,6 +26,8 @@ class Response:
     status: int
     body: Any = b""
     headers: dict[str, str] = field(default_factory=dict)
+    # A proxied answer's headers as the upstream sent them, repeats kept (several Set-Cookie): sent after `headers`
+    header_pairs: list[tuple[str, str]] = field(default_factory=list)
 
     @classmethod
     def json(cls, status: int, obj: Any, headers: dict[str, str] | None = None) -> "Response":
@@ -46,6 +48,10 @@ class RequestBody(Protocol):
     @property
     def stream(self) -> Any:
         """The body as an opaque runtime stream, for passing a file upload through unbuffered."""
+
+    def stream_at_most(self, limit: int) -> Any:
+        """`stream` that fails with ProtocolError('payload_too_large') once more than `limit` bytes passed (a
+        proxied body of unknown length); where the platform itself caps request bodies at `limit`, `stream`."""
 
 
 class Storage(Protocol):
@@ -85,6 +91,10 @@ class StreamSink(Protocol):
 
     async def close(self) -> None: ...
 
+    async def abort(self) -> None:
+        """End the stream abnormally: the client sees a broken body, not a complete one (a proxied answer whose
+        upstream failed midway must not look whole)."""
+
 
 class Streams(Protocol):
     def open(self) -> StreamSink: ...
@@ -106,10 +116,22 @@ class SnapshotInfo:
     id: str
     size: int  # bytes
     created_at_ms: int
+    # When the platform deletes it on its own (Cloudflare: 30 days after it was made or last restored); None where
+    # snapshots live until deleted (standalone). Set by the container port; a restore extends it (Workspace).
+    expires_at_ms: int | None = None
+
+    def expired(self, now_ms: int) -> bool:
+        """Past its expiry: the platform no longer restores it, so it is neither listed, kept nor offered."""
+        return self.expires_at_ms is not None and now_ms >= self.expires_at_ms
 
     def to_wire(self) -> dict[str, Any]:
         """The snapshot object of docs/protocol.md."""
-        return {"id": self.id, "created_at": iso_ms(self.created_at_ms), "size": self.size}
+        return {
+            "id": self.id,
+            "created_at": iso_ms(self.created_at_ms),
+            "size": self.size,
+            "expires_at": iso_ms(self.expires_at_ms),
+        }
 
 
 class ContainerGone(Exception):
@@ -121,7 +143,8 @@ class ContainerResponse(Protocol):
     cap, and streamed bodies (exec output, downloads) are passed through as `body`, never buffered."""
 
     status: int
-    headers: dict[str, str]
+    headers: dict[str, str]  # lower-case names
+    header_pairs: list[tuple[str, str]]  # every header as sent (lower-case names), repeats kept (Set-Cookie)
     body: Any  # opaque runtime stream
 
     async def read(self, limit: int = CONTROL_BODY_BYTES) -> bytes:
@@ -160,14 +183,48 @@ class Container(Protocol):
         """An HTTP request to the supervisor (path includes any query string). `body` is bytes or an opaque
         stream. Raises ContainerGone when the container cannot be reached."""
 
+    async def fetch_port(
+        self,
+        port: int,
+        method: str,
+        path: str,
+        *,
+        body: Any = None,
+        headers: dict[str, str] | None = None,
+    ) -> ContainerResponse:
+        """An HTTP request to `port` inside the container (path includes any query string; `headers` are already
+        the proxy's, credentials stripped). The answer streams without a silence limit (an SSE stream may be quiet
+        for long); its head must come within PROXY_HEAD_SECONDS. Raises ProtocolError('upstream_unavailable') when
+        nothing accepts the connection, ProtocolError('upstream_timeout') without a head in time, ContainerGone
+        when the container is not running."""
+
     async def snapshot(self) -> SnapshotInfo:
-        """Save the container's filesystem. Raises ProtocolError('snapshot_failed') and leaves it running."""
+        """Save the container's filesystem, its `expires_at_ms` set where the platform expires snapshots. Raises
+        ProtocolError('snapshot_failed') and leaves it running."""
+
+    def snapshot_expiry(self, alive_from_ms: int) -> int | None:
+        """When a snapshot made or last restored at `alive_from_ms` expires: Cloudflare keeps one 30 days from
+        then; None where snapshots never expire (standalone). The workspace asks after each restore."""
 
     async def delete_snapshot(self, snapshot_id: str) -> None:
-        """Drop a snapshot the retention policy no longer keeps (a no-op where the platform expires them)."""
+        """Drop a snapshot the retention policy no longer keeps, or one that expired (Cloudflare has no delete: it
+        forgets the handle)."""
 
     async def destroy(self) -> None:
         """Stop the container and discard its filesystem (snapshots are kept)."""
+
+
+class Cipher(Protocol):
+    """Secrets at rest (AES-256-GCM under the deployment's key): standalone a key file in the data dir, Cloudflare
+    the SECRETS_KEY secret through WebCrypto. `aad` binds a sealed value to where it is stored."""
+
+    available: bool  # False: no key configured; storing a secret answers secrets_unavailable
+
+    async def seal(self, plaintext: bytes, aad: bytes) -> bytes:
+        """A fresh 12-byte nonce followed by the ciphertext and its tag."""
+
+    async def open(self, sealed: bytes, aad: bytes) -> bytes:
+        """The plaintext; raises ValueError when the value was not sealed under this key and `aad`."""
 
 
 class WorkspaceStub(Protocol):

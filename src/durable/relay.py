@@ -105,6 +105,8 @@ async def relaying(writer: EventWriter, in_flight: InFlight, what: str) -> Async
             await writer.event(error_event(err.code, err.message))
         except ContainerGone as gone:
             await writer.event(error_event("container_exited", str(gone) or None))
+        except ConnectionError:  # the client went away mid-stream (both runtimes' StreamClosed): nobody to tell
+            log.debug("%s: the client left", what)
         except Exception:
             log.exception("%s failed", what)
             await writer.event(error_event("internal_error"))

@@ -43,6 +43,11 @@ def _int(value: str | None, default: int, lo: int, hi: int, name: str) -> int:
     return number
 
 
+# The images a deployment offers unless IMAGES says otherwise: the workspace image, and the same plus Hermes for
+# `flarebox hermes host` (wrangler.jsonc builds both from container/Dockerfile)
+DEFAULT_IMAGES = (limits.DEFAULT_IMAGE, "hermes-agent")
+
+
 @dataclass(frozen=True)
 class Settings:
     idle_seconds: int = limits.DEFAULT_IDLE_SECONDS
@@ -50,7 +55,7 @@ class Settings:
     allowed_instance_types: tuple[str, ...] = ("lite", "standard-1")
     default_instance_type: str = "standard-1"
     snapshot_interval_seconds: int = 0  # 0: periodic checkpoints off
-    images: tuple[str, ...] = (limits.DEFAULT_IMAGE,)
+    images: tuple[str, ...] = DEFAULT_IMAGES
     max_file_read_bytes: int = limits.MAX_FILE_READ_BYTES
     max_file_write_bytes: int = limits.MAX_FILE_WRITE_BYTES
     max_workspaces_per_namespace: int = 0  # 0: no cap
@@ -81,7 +86,7 @@ class Settings:
             raise ValueError("ACCESS_TEAM_DOMAIN and ACCESS_AUD are set together (Cloudflare Access), or neither")
         if team is not None:
             team_origin(team)  # a malformed domain fails here, naming ACCESS_TEAM_DOMAIN, not at the first request
-        images = tuple(i.strip() for i in str(env.get("IMAGES") or limits.DEFAULT_IMAGE).split(",") if i.strip())
+        images = tuple(i.strip() for i in str(env.get("IMAGES") or ",".join(DEFAULT_IMAGES)).split(",") if i.strip())
         return cls(
             idle_seconds=_int(env.get("IDLE_SECONDS"), limits.DEFAULT_IDLE_SECONDS, 1, 7 * 86400, "IDLE_SECONDS"),
             enable_internet=_bool(env.get("ENABLE_INTERNET"), True),

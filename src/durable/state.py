@@ -5,6 +5,8 @@ goes back to where it came from (created, or stopped when the workspace booted b
 stored: deleting wipes the record, and a wiped record reads as "no workspace".
 """
 
+from collections.abc import Callable
+from dataclasses import replace
 from enum import StrEnum
 from typing import Any
 
@@ -22,7 +24,7 @@ class Lifecycle(StrEnum):
     RUNNING = "running"  # the container is up (or was, until a request or the alarm notices otherwise)
     SAVING = "saving"  # a snapshot of the running container is being written
     STOPPED = "stopped"  # no container; a snapshot (or a surviving disk) brings the files back
-    LOST = "lost"  # booted before, with nothing to come back from: every boot answers workspace_lost
+    LOST = "lost"  # booted before, nothing to come back from (no snapshot, or all expired): boots answer workspace_lost
     DELETED = "deleted"  # never stored: a deleted workspace's record is wiped and reads as "no workspace"
 
 
@@ -56,7 +58,13 @@ class IllegalTransition(RuntimeError):
 
 
 def _snapshot(row: dict[str, Any]) -> SnapshotInfo:
-    return SnapshotInfo(row["id"], row["size"], row["created_at_ms"])
+    expires = row["expires_at_ms"]
+    return SnapshotInfo(row["id"], row["size"], row["created_at_ms"], None if expires is None else int(expires))
+
+
+_COLUMNS = "id, created_at_ms, size, expires_at_ms"
+_NEWEST_FIRST = "ORDER BY created_at_ms DESC, id DESC"
+_LIVE = "expires_at_ms IS NULL OR expires_at_ms > ?"  # SnapshotInfo.expired, in SQL
 
 
 class WorkspaceState:
@@ -113,31 +121,48 @@ class WorkspaceState:
     # --- snapshots -------------------------------------------------------------------------------------------
 
     def add_snapshot(self, info: SnapshotInfo) -> None:
+        """Record a snapshot, or its new expiry (a restore extends it on Cloudflare)."""
         self._store.sql(
-            "INSERT OR REPLACE INTO snapshots (id, created_at_ms, size) VALUES (?, ?, ?)",
+            "INSERT OR REPLACE INTO snapshots (id, created_at_ms, size, expires_at_ms) VALUES (?, ?, ?, ?)",
             info.id,
             int(info.created_at_ms),
             int(info.size),
+            None if info.expires_at_ms is None else int(info.expires_at_ms),
         )
 
     def remove_snapshot(self, snapshot_id: str) -> None:
         self._store.sql("DELETE FROM snapshots WHERE id = ?", snapshot_id)
 
     def snapshots(self) -> list[SnapshotInfo]:
-        """Newest first."""
-        rows = self._store.sql("SELECT id, created_at_ms, size FROM snapshots ORDER BY created_at_ms DESC, id DESC")
+        """Every recorded snapshot, expired ones too (for retention and delete, which drop them), newest first."""
+        rows = self._store.sql(f"SELECT {_COLUMNS} FROM snapshots {_NEWEST_FIRST}")
         return [_snapshot(row) for row in rows]
 
-    def newest_snapshot(self) -> SnapshotInfo | None:
-        rows = self._store.sql(
-            "SELECT id, created_at_ms, size FROM snapshots ORDER BY created_at_ms DESC, id DESC LIMIT 1"
-        )
+    def live_snapshots(self, now_ms: int) -> list[SnapshotInfo]:
+        """The snapshots not expired at `now_ms`, newest first: the only ones listed or restored."""
+        rows = self._store.sql(f"SELECT {_COLUMNS} FROM snapshots WHERE {_LIVE} {_NEWEST_FIRST}", int(now_ms))
+        return [_snapshot(row) for row in rows]
+
+    def newest_snapshot(self, now_ms: int) -> SnapshotInfo | None:
+        """The newest snapshot not expired at `now_ms`."""
+        query = f"SELECT {_COLUMNS} FROM snapshots WHERE {_LIVE} {_NEWEST_FIRST} LIMIT 1"
+        rows = self._store.sql(query, int(now_ms))
         return _snapshot(rows[0]) if rows else None
+
+    def fill_expiries(self, expiry_of: Callable[[int], int | None]) -> None:
+        """Give the snapshots recorded before expiries were (their `expires_at_ms` is NULL) the one the platform
+        gives a snapshot made at their `created_at_ms`: a restore since may have extended it, but the newest
+        snapshot is almost always younger than the last restore (every restored workspace saves again)."""
+        for snap in self.snapshots():
+            if snap.expires_at_ms is None:
+                expires = expiry_of(snap.created_at_ms)
+                if expires is not None:
+                    self.add_snapshot(replace(snap, expires_at_ms=expires))
 
     # --- the status object (docs/protocol.md) ---------------------------------------------------------------
 
-    def status_object(self, namespace: str, name: str, *, running: bool, busy: bool) -> dict[str, Any]:
-        newest = self.newest_snapshot()
+    def status_object(self, namespace: str, name: str, *, running: bool, busy: bool, now_ms: int) -> dict[str, Any]:
+        newest = self.newest_snapshot(now_ms)
         return {
             "namespace": namespace,
             "workspace": name,

@@ -11,7 +11,9 @@ from durable.ports import Storage
 
 _SCHEMA = (
     "CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL)",
-    "CREATE TABLE IF NOT EXISTS snapshots (id TEXT PRIMARY KEY, created_at_ms INTEGER NOT NULL, size INTEGER NOT NULL)",
+    # expires_at_ms: NULL where the platform never expires a snapshot (standalone)
+    "CREATE TABLE IF NOT EXISTS snapshots (id TEXT PRIMARY KEY, created_at_ms INTEGER NOT NULL, size INTEGER NOT NULL,"
+    " expires_at_ms INTEGER)",
     "CREATE TABLE IF NOT EXISTS ledger (seq INTEGER PRIMARY KEY, request_id TEXT NOT NULL UNIQUE, kind TEXT NOT NULL)",
 )
 _TABLES = ("meta", "snapshots", "ledger")
@@ -22,6 +24,19 @@ class Store:
         self.sql = storage.sql
         for statement in _SCHEMA:
             self.sql(statement)
+        # True when this construction added snapshots.expires_at_ms to a table made before it existed: its rows'
+        # expiries are unknown until the workspace fills them in (WorkspaceState.fill_expiries)
+        self.added_expiry = self._add_column("snapshots", "expires_at_ms", "INTEGER")
+
+    def _add_column(self, table: str, column: str, kind: str) -> bool:
+        """Add a column a table made by an older release lacks (CREATE TABLE IF NOT EXISTS keeps the old shape).
+        Probed with a query that fails only on such a table, so a current one never sees an error."""
+        try:
+            self.sql(f"SELECT {column} FROM {table} LIMIT 0")  # noqa: S608 - fixed names
+            return False
+        except Exception:
+            self.sql(f"ALTER TABLE {table} ADD COLUMN {column} {kind}")
+            return True
 
     def get(self, key: str, default: Any = None) -> Any:
         rows = self.sql("SELECT value FROM meta WHERE key = ?", key)

@@ -9,6 +9,7 @@ import asyncio
 import json
 import logging
 from collections.abc import Awaitable, Callable
+from dataclasses import replace
 from typing import Any
 
 from durable import operations as ops
@@ -19,6 +20,7 @@ from durable.ledger import CANCELLED_EARLY, EXEC, Ledger
 from durable.ports import (
     JSON_TYPE,
     Alarm,
+    Cipher,
     Clock,
     Container,
     ContainerGone,
@@ -30,16 +32,23 @@ from durable.ports import (
 )
 from durable.relay import EventWriter, InFlight, relaying, stream_response
 from durable.schedule import CHECKPOINT, IDLE, RETRY, RETRY_FIRST_SECONDS, Schedule
+from durable.services import ServiceBook, describe
 from durable.settings import Settings
 from durable.state import BootMode, Lifecycle, WorkspaceState
 from durable.store import Store
+from durable.timefmt import iso_ms
+from protocol import proxy
 from protocol.errors import ProtocolError
 from protocol.events import error_event, started_event, status_event
+from protocol.services import service_from_json
 from protocol.validate import ExecRequest
 
 log = logging.getLogger("flarebox.workspace")
 
 _PASS_HEADERS = ("content-type", "content-length")
+# A proxied request's idle push is skipped while the stored deadline already covers it (see _touch): at most one
+# write a second, the deadline that much later than idle_seconds after the last activity, never earlier.
+TOUCH_SLACK_MS = 1000
 
 
 class Workspace:
@@ -54,6 +63,7 @@ class Workspace:
         clock: Clock,
         container: Container,
         streams: Streams,
+        cipher: Cipher,
     ):
         self.namespace = namespace
         self.name = name
@@ -67,6 +77,7 @@ class Workspace:
         self.state = WorkspaceState(store)
         self.ledger = Ledger(store)
         self.schedule = Schedule(store)
+        self.services = ServiceBook(storage, cipher, namespace, name)
         self._lifecycle = asyncio.Lock()
         self._boot = SharedBoot()
         self._launches = Launches()
@@ -83,7 +94,17 @@ class Workspace:
             ops.SNAPSHOT: self._op_snapshot,
             ops.SNAPSHOTS: self._op_snapshots,
             ops.STOP: self._op_stop,
+            ops.PUT_SERVICE: self._op_put_service,
+            ops.LIST_SERVICES: self._op_list_services,
+            ops.DELETE_SERVICE: self._op_delete_service,
+            ops.SERVICE_LOGS: self._op_service_logs,
+            ops.PROXY: self._op_proxy,
+            ops.PUT_SECRET: self._op_put_secret,
+            ops.LIST_SECRETS: self._op_list_secrets,
+            ops.DELETE_SECRET: self._op_delete_secret,
         }
+        if store.added_expiry:  # snapshots recorded before they carried an expiry
+            self.state.fill_expiries(self.container.snapshot_expiry)
         self._settle_stale_state()
 
     def _settle_stale_state(self) -> None:
@@ -123,22 +144,36 @@ class Workspace:
     def _container_up(self) -> bool:
         return self.state.state in (Lifecycle.RUNNING, Lifecycle.SAVING) and self.container.running()
 
-    async def _touch(self) -> None:
+    async def _touch(self, *, coalesce: bool = False) -> None:
         """Activity: push the idle deadline. A new request also supersedes a pending save retry (the next idle
-        deadline saves again)."""
+        deadline saves again).
+
+        `coalesce` (the port proxy, whose requests may come a thousand a second, each touching twice): the deadline
+        is pushed TOUCH_SLACK_MS further than asked, and a touch that the stored deadline already covers (one less
+        than TOUCH_SLACK_MS after the last one that wrote, with no save retry pending) writes nothing: one read
+        instead of three writes and the alarm's. The idle deadline is thus never earlier than idle_seconds after
+        any activity, and at most TOUCH_SLACK_MS later; only last_activity_at may lag by up to TOUCH_SLACK_MS."""
+        now = self.clock.now_ms()
+        idle_at = now + self.settings.idle_seconds * 1000
+        if coalesce:
+            deadlines = self.schedule.deadlines()  # a forgotten workspace has none: never skipped
+            if RETRY not in deadlines and deadlines.get(IDLE, -1) >= idle_at:
+                return
+            idle_at += TOUCH_SLACK_MS
         if not self.state.exists:
             return
-        now = self.clock.now_ms()
         self.state.touch(now)
-        self.schedule.push_idle(now + self.settings.idle_seconds * 1000)
+        self.schedule.push_idle(idle_at)
         await self.schedule.arm(self.alarm_port)
 
     async def _status(self, http_status: int = 200) -> Response:
+        now = self.clock.now_ms()
+        if self.state.state == Lifecycle.STOPPED and self._resting_state() == Lifecycle.LOST:
+            self.state.set_state(Lifecycle.LOST)  # its last snapshot expired: say so now, not at the next boot
         running = self._container_up()
         busy = running and await supervisor_client.running_commands(self.container) > 0
-        return Response.json(
-            http_status, self.state.status_object(self.namespace, self.name, running=running, busy=busy)
-        )
+        status = self.state.status_object(self.namespace, self.name, running=running, busy=busy, now_ms=now)
+        return Response.json(http_status, status)
 
     # --- config and status ---------------------------------------------------------------------------------
 
@@ -157,7 +192,8 @@ class Workspace:
 
     async def _op_snapshots(self, args: ops.NoArgs, body: Any) -> Response:
         state = self._require()
-        return Response.json(200, {"snapshots": [s.to_wire() for s in state.snapshots()]})
+        live = state.live_snapshots(self.clock.now_ms())  # an expired snapshot is gone: never listed
+        return Response.json(200, {"snapshots": [s.to_wire() for s in live]})
 
     # --- boot ----------------------------------------------------------------------------------------------
 
@@ -185,12 +221,12 @@ class Workspace:
             mode, phase = BootMode.RESTARTED, Lifecycle.STARTING
             message = "restarting the container on its surviving disk"
         else:
-            snapshot = state.newest_snapshot()
+            snapshot = self._restore_point(self.clock.now_ms())
             if snapshot is None:
                 state.set_state(Lifecycle.LOST)
                 self.schedule.clear_all()
                 await self.schedule.arm(self.alarm_port)
-                raise ProtocolError("workspace_lost")
+                raise self._lost()
             mode, phase, message = BootMode.RESTORED, Lifecycle.RESTORING, f"restoring snapshot {snapshot.id}"
         fallback = Lifecycle.STOPPED if state.booted else Lifecycle.CREATED
         if state.state == Lifecycle.RUNNING:  # a crash noticed now: the state machine passes through stopped
@@ -204,11 +240,13 @@ class Workspace:
             enable_internet=self.settings.enable_internet,
             snapshot_id=snapshot.id if snapshot else None,
         )
+        restore_at = self.clock.now_ms()  # the platform restores no earlier: a renewed life counted from here
         try:
             await self.container.start(spec)
             await supervisor_client.wait_ready(self.container, self.clock)
             if mode == BootMode.FRESH:
                 await supervisor_client.make_dir(self.container, config["cwd"])
+            await self.services.start_all(self.container, config["cwd"])  # processes never survive a boot
         except BaseException as exc:
             if state.state == phase:
                 state.set_state(fallback)
@@ -216,6 +254,8 @@ class Workspace:
             if mode != BootMode.RESTARTED and not damaged:
                 await self._destroy_quietly()  # a half-started container must not linger
             raise
+        if snapshot is not None:
+            snapshot = self._renewed(snapshot, restore_at)
         state.mark_booted()
         state.set_state(Lifecycle.RUNNING)
         if state.persistent and self.settings.snapshot_interval_seconds > 0:
@@ -223,6 +263,30 @@ class Workspace:
             await self.schedule.arm(self.alarm_port)
         await self._boot.emit(status_event("ready"))
         return BootOutcome(mode, snapshot)
+
+    def _restore_point(self, now_ms: int) -> SnapshotInfo | None:
+        """What a boot restores when the workspace booted before and no disk survived: the newest snapshot that
+        has not expired. None: nothing to come back from (workspace_lost). The seam for a fallback when every
+        snapshot is gone (the snapshots issue's backups): offer it here, and boot, GET and the alarm follow."""
+        return self.state.newest_snapshot(now_ms)
+
+    def _lost(self) -> ProtocolError:
+        """workspace_lost, saying why when snapshots were taken but all of them expired."""
+        expiries = [s.expires_at_ms for s in self.state.snapshots() if s.expires_at_ms is not None]
+        if not expiries:
+            return ProtocolError("workspace_lost")
+        return ProtocolError(
+            "workspace_lost",
+            f"the workspace booted before and its last snapshot expired at {iso_ms(max(expiries))} (the platform"
+            " keeps a snapshot only so long after it was made or last restored): there is nothing to come back from",
+        )
+
+    def _renewed(self, snapshot: SnapshotInfo, restored_at_ms: int) -> SnapshotInfo:
+        """A restored snapshot lives on from its restore where the platform counts so (Cloudflare): record that."""
+        renewed = replace(snapshot, expires_at_ms=self.container.snapshot_expiry(restored_at_ms))
+        if renewed != snapshot:
+            self.state.add_snapshot(renewed)
+        return renewed
 
     async def _destroy_quietly(self) -> None:
         try:
@@ -245,6 +309,7 @@ class Workspace:
         rid = request.request_id
         if self.ledger.lookup(rid) in (EXEC, CANCELLED_EARLY):
             raise ProtocolError("duplicate_request")
+        self.services.require_secrets(request.secrets)  # before the id is recorded: a refused exec never ran
         if self.ledger.record_exec(rid) == CANCELLED_EARLY:
             return self._stream(lambda writer: self._finish(writer, error_event("command_cancelled")))
         self._launches.begin(rid)
@@ -279,7 +344,8 @@ class Workspace:
             raise ProtocolError("command_cancelled")
         snapshot = boot.snapshot.to_wire() if boot.snapshot is not None else None
         await writer.event(started_event(rid, boot.container, snapshot))
-        payload = {**request.to_json(), "cwd": request.cwd or self.state.config["cwd"]}
+        env = {**request.env, **await self.services.open_secrets(request.secrets)}
+        payload = {**request.to_json(), "cwd": request.cwd or self.state.config["cwd"], "env": env, "secrets": []}
         resp = await self.container.fetch(
             "POST", "/exec", body=json.dumps(payload).encode(), headers={"content-type": JSON_TYPE}
         )
@@ -375,6 +441,125 @@ class Workspace:
             resp = await self.container.fetch(method, f"/files?{query}", **fetch)
         return Response(resp.status, resp.body, {k: v for k, v in resp.headers.items() if k.lower() in _PASS_HEADERS})
 
+    # --- services and secrets ------------------------------------------------------------------------------
+
+    async def _op_put_service(self, args: ops.PutServiceArgs, body: Any) -> Response:
+        self._require()
+        spec = service_from_json(args.spec)
+        new = self.services.define(args.name, spec, self.clock.now_ms())
+        runtime = None
+        if self._container_up():  # a sleeping workspace starts it at its next boot
+            runtime = await self.services.start(self.container, args.name, spec, self.state.config["cwd"])
+        await self._touch()
+        return Response.json(201 if new else 200, describe(args.name, spec, runtime))
+
+    async def _op_list_services(self, args: ops.NoArgs, body: Any) -> Response:
+        self._require()
+        runtime = await self.services.runtime(self.container if self._container_up() else None)
+        listed = [describe(name, spec, runtime.get(name)) for name, spec in self.services.specs().items()]
+        return Response.json(200, {"services": listed})
+
+    async def _op_delete_service(self, args: ops.ServiceArgs, body: Any) -> Response:
+        self._require()
+        self.services.remove(args.name)
+        if self._container_up():
+            await self.services.stop(self.container, args.name)
+        return Response.json(200, {"name": args.name, "deleted": True})
+
+    async def _op_service_logs(self, args: ops.ServiceLogsArgs, body: Any) -> Response:
+        self._require()
+        self.services.spec(args.name)  # service_not_found
+        if not self._container_up():
+            # logs live with the processes: a sleeping workspace has none to show
+            end = {"type": "service", "state": "stopped", "restarts": 0, "last_exit": None}
+            return self._stream(lambda writer: self._finish(writer, end))
+        resp = await self.services.logs(self.container, args.name, args.offset)
+        return self._stream(lambda writer: self._follow_log(writer, resp.body))
+
+    async def _follow_log(self, writer: EventWriter, body: Any) -> None:
+        """Relay a service's log. Not work in flight: someone reading a log is not a request to the service, so it
+        never keeps the workspace awake (its stream ends when the idle save stops the container)."""
+        try:
+            await writer.pipe(body)
+        except ContainerGone:
+            pass  # the container stopped: there is no more log to follow
+        except Exception:
+            log.debug("a service log stream ended early", exc_info=True)
+        finally:
+            await writer.close()
+
+    async def _op_put_secret(self, args: ops.PutSecretArgs, body: Any) -> Response:
+        self._require()
+        new = await self.services.put_secret(args.name, args.value, self.clock.now_ms())
+        secret = next(s for s in self.services.secrets() if s["name"] == args.name)
+        return Response.json(201 if new else 200, secret)
+
+    async def _op_list_secrets(self, args: ops.NoArgs, body: Any) -> Response:
+        self._require()
+        return Response.json(200, {"secrets": self.services.secrets()})
+
+    async def _op_delete_secret(self, args: ops.SecretArgs, body: Any) -> Response:
+        self._require()
+        self.services.delete_secret(args.name)
+        return Response.json(200, {"name": args.name, "deleted": True})
+
+    # --- the port proxy ------------------------------------------------------------------------------------
+
+    async def _op_proxy(self, args: ops.ProxyArgs, body: Any) -> Response:
+        """Forward one HTTP request to a port inside the workspace, waking it first. The request counts as work in
+        flight (the idle alarm never stops the container under it) until the answer's last byte."""
+        self._require()
+        if args.service is not None:
+            name, spec = args.service, self.services.spec(args.service)
+        else:
+            found = self.services.by_port(args.port)
+            name, spec = found if found is not None else (None, None)
+        if spec is not None and not proxy.path_allowed(args.path, spec.allow_paths):
+            raise ProtocolError("path_not_allowed", f"service {name!r} allows only {', '.join(spec.allow_paths)}")
+        port = spec.port if spec is not None else args.port
+        target = proxy.encode_path(args.path) + (f"?{args.query}" if args.query else "")
+        headers = args.headers
+        if spec is not None and spec.bearer_secret is not None:  # the service's own key, never the caller's
+            opened = await self.services.open_secrets((spec.bearer_secret,))
+            if spec.bearer_secret in opened:
+                headers = {**headers, "authorization": f"Bearer {opened[spec.bearer_secret]}"}
+        self._in_flight.__enter__()
+        handed_over = False
+        try:
+            boot = await self._ensure_running()
+            await self._touch(coalesce=True)
+            if spec is not None and boot.container != BootMode.CONTINUING:
+                await self.services.ready(self.container, name)  # just started: let it come up first
+            resp = await self.container.fetch_port(port, args.method, target, body=body, headers=headers)
+            sink = self.streams.open()
+            self.clock.spawn(self._relay_answer(sink, resp))
+            handed_over = True
+        finally:
+            if not handed_over:
+                self._in_flight.__exit__(None, None, None)
+        return Response(resp.status, sink.readable, header_pairs=proxy.response_headers(resp.header_pairs))
+
+    async def _relay_answer(self, sink: Any, resp: Any) -> None:
+        """Relay a proxied answer; holds the in-flight count _op_proxy took, until the last byte or the client left."""
+        try:
+            try:
+                if resp.body is not None:
+                    await sink.pipe_from(resp.body)
+            except ContainerGone:
+                await sink.abort()  # broken upstream: the client must not see a complete body
+                return
+            except Exception:
+                log.debug("a proxied answer ended early", exc_info=True)
+                await sink.abort()
+                return
+            await sink.close()
+        finally:
+            self._in_flight.__exit__(None, None, None)
+            try:
+                await self._touch(coalesce=True)
+            except Exception:
+                log.debug("no idle push after a proxied request", exc_info=True)
+
     # --- snapshots, stop, delete ---------------------------------------------------------------------------
 
     async def _checkpoint(self) -> SnapshotInfo:
@@ -404,23 +589,43 @@ class Workspace:
             self.state.remove_snapshot(snap.id)
 
     async def _op_snapshot(self, args: ops.NoArgs, body: Any) -> Response:
-        state = self._require()
-        if not state.persistent:
-            raise ProtocolError("not_persistent")
+        """Save now. A stop, delete or idle save may take the lifecycle lock between this request's boot and its
+        own turn: what it left decides the answer (its snapshot, 404), never container_exited for a container
+        stopped on purpose."""
+        resting = self._snapshot_without_saving()
+        if resting is not None:
+            return Response.json(200, resting.to_wire())
         if not self._container_up():
-            newest = state.newest_snapshot()
-            if newest is not None and not self.container.has_disk():
-                return Response.json(200, newest.to_wire())  # nothing changed since it was taken
             await self._ensure_running()
         async with self._lifecycle:
+            resting = self._snapshot_without_saving()  # again: whatever ran while this request waited
+            if resting is not None:
+                return Response.json(200, resting.to_wire())
             if not self._container_up():
-                raise ProtocolError("container_exited")
+                raise ProtocolError("container_exited")  # it died on its own since the boot: nothing was saved
             info = await self._checkpoint()
         return Response.json(200, info.to_wire())
 
+    def _snapshot_without_saving(self) -> SnapshotInfo | None:
+        """The answer of POST …/snapshot that needs no save, or None when the container's files must be saved (its
+        container booted first if it does not run). Raises workspace_not_found, not_persistent, nothing_to_snapshot
+        (it never ran: its files are the image's, and booting a container only to save them would cost a boot and a
+        snapshot for nothing) and workspace_lost. A workspace at rest whose files are exactly its newest snapshot
+        (stopped — by a stop that just ran, too — or its container's disk died) answers that snapshot."""
+        state = self._require()
+        if not state.persistent:
+            raise ProtocolError("not_persistent")
+        if not state.booted:
+            raise ProtocolError("nothing_to_snapshot")
+        if state.state == Lifecycle.LOST:
+            raise self._lost()
+        if self._container_up() or self.container.has_disk():
+            return None
+        return self._restore_point(self.clock.now_ms())  # None: a boot restores or answers workspace_lost
+
     def _resting_state(self) -> Lifecycle:
         """Where a workspace whose container is gone rests: stopped if it can come back, else lost."""
-        if self.state.newest_snapshot() is not None or self.container.has_disk():
+        if self._restore_point(self.clock.now_ms()) is not None or self.container.has_disk():
             return Lifecycle.STOPPED
         return Lifecycle.LOST
 
@@ -449,6 +654,7 @@ class Workspace:
             except Exception:
                 log.warning("deleting snapshot %s failed", snap.id, exc_info=True)
         self._store.wipe()
+        self.services.wipe()
         await self.alarm_port.clear()
         self._launches.clear()
 

@@ -47,6 +47,7 @@ ERRORS: dict[str, tuple[int, str]] = {
     "workspace_lost": (409, "the workspace booted before and has no snapshot to come back from"),
     "workspace_busy": (409, "the workspace is saving or stopping; retry shortly"),
     "not_persistent": (409, "snapshots need a persistent workspace"),
+    "nothing_to_snapshot": (409, "nothing to snapshot yet: the workspace has never run, so it holds only its image"),
     "snapshot_damaged": (
         409,
         "the newest snapshot failed its integrity check: nothing was restored or run, and the workspace does not"
@@ -71,6 +72,21 @@ ERRORS: dict[str, tuple[int, str]] = {
     "not_a_file": (400, "the path is not a regular file"),
     "file_too_large": (413, "the file is over the transfer limit"),
     "permission_denied": (403, "the sandbox user may not access that path"),
+    "path_not_allowed": (403, "the proxied path is outside what the service allows, or is malformed"),
+    "service_not_found": (404, "the workspace defines no service of that name"),
+    "secret_not_found": (404, "the workspace holds no secret of that name"),
+    "invalid_port": (400, "port is a whole number from 1 to 65535, and not the supervisor's own 8080"),
+    "upstream_unavailable": (
+        502,
+        "nothing answered on that port inside the workspace: start the service (GET …/services shows its state"
+        " and …/services/{name}/logs its output) or check the port",
+    ),
+    "upstream_timeout": (504, "the service inside the workspace did not start answering in time"),
+    "secrets_unavailable": (
+        503,
+        "this deployment has no key to encrypt secrets with: the operator sets SECRETS_KEY (Cloudflare) or the"
+        " server's data directory is not writable",
+    ),
     # infrastructure
     "container_exited": (503, "the container stopped while the request ran"),
     "startup_timeout": (503, "the container did not become ready in time"),

@@ -10,9 +10,11 @@ from dataclasses import dataclass
 
 from protocol import limits
 from protocol.errors import ProtocolError
+from protocol.services import validate_service_name
 from protocol.validate import _reject_unknown, validate_name
 
-# What a key may do, each a set of routes (docs/protocol.md §3.2). `proxy` is reserved for the port proxy.
+# What a key may do, each a set of routes (docs/protocol.md §3.2). `proxy`: the port proxy; a proxy key bound to
+# a service opens only /v1/proxy, that service's.
 SCOPES = ("exec", "files", "snapshots", "manage", "proxy")
 
 KEY_PREFIX = "fbk_"
@@ -22,7 +24,7 @@ KEY_PATTERN = r"fbk_[0-9a-f]{16}_[A-Za-z0-9_-]{32}"
 
 _KEY_ID = re.compile(KEY_ID_PATTERN)
 _KEY = re.compile(KEY_PATTERN)
-_KEY_FIELDS = frozenset(("namespace", "workspace", "scopes", "expires_in", "label"))
+_KEY_FIELDS = frozenset(("namespace", "workspace", "scopes", "expires_in", "label", "service"))
 
 
 def validate_key_id(value: object) -> str:
@@ -45,6 +47,7 @@ class KeyRequest:
     scopes: tuple[str, ...]  # sorted, each once
     expires_in: int | None  # seconds; None: never
     label: str
+    service: str | None = None  # a proxy key bound to this service of its workspace: it opens /v1/proxy only
 
 
 def parse_key_request(obj: dict) -> KeyRequest:
@@ -77,4 +80,9 @@ def parse_key_request(obj: dict) -> KeyRequest:
         raise ProtocolError(
             "invalid_field", f"label is printable text of at most {limits.MAX_KEY_LABEL_CHARS} characters"
         )
-    return KeyRequest(namespace, workspace, tuple(sorted(set(scopes))), expires_in, label)
+    service = obj.get("service")
+    if service is not None:
+        service = validate_service_name(service)
+        if workspace is None or set(scopes) != {"proxy"}:
+            raise ProtocolError("invalid_field", 'a key bound to a service needs a workspace and scopes ["proxy"]')
+    return KeyRequest(namespace, workspace, tuple(sorted(set(scopes))), expires_in, label, service)

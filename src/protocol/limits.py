@@ -33,9 +33,26 @@ MAX_KEY_LABEL_CHARS = 100  # a scoped key's label
 MAX_KEY_EXPIRES_IN_SECONDS = 10 * 365 * 86400  # the longest expires_in of a scoped key (10 years)
 MAX_KEYS = 10_000  # scoped keys a deployment holds at once
 MAX_PAGE_RECORDS = 1000  # audit records (and listed workspaces) one GET answers at most
+MAX_SERVICES = 16  # services one workspace defines
+SUPERVISOR_PORT = 8080  # the supervisor's own port inside a container: no service may take it
+MAX_ALLOW_PATHS = 32  # entries of one service's allow_paths
+MAX_ALLOW_PATH_BYTES = 256  # one allow_paths entry
+MAX_SECRETS = 64  # secrets one workspace holds
+MAX_SECRET_VALUE_BYTES = 32 * 1024  # one secret's value, UTF-8
+MAX_SERVICE_SECRETS = 32  # secrets one service (or exec) names
+MAX_PROXY_BODY_BYTES = 100 * 1024 * 1024  # a proxied request body (Cloudflare's Free/Pro request limit)
+PROXY_HEAD_SECONDS = 60  # a proxied request without the upstream's response head this long after it was sent: 504
+SERVICE_READY_SECONDS = 30  # a woken workspace waits at most this long for a service's health path
+SERVICE_LOG_CHARS = 1_000_000  # code points of a service's log kept (the newest)
+SERVICE_BACKOFF_FIRST_SECONDS = 0.5  # the first restart of a service waits this long, doubling...
+SERVICE_BACKOFF_MAX_SECONDS = 30  # ...up to this
+SERVICE_QUICK_EXIT_SECONDS = 10  # a run shorter than this counts as a quick exit...
+SERVICE_MAX_QUICK_EXITS = 5  # ...and this many in a row end the service `failed`
 NAME_PATTERN = r"^[a-z0-9][a-z0-9_.-]{0,62}$"
 REQUEST_ID_PATTERN = r"^[0-9a-f]{32}$"
 ENV_NAME_PATTERN = r"^[A-Za-z_][A-Za-z0-9_]*$"
+SERVICE_NAME_PATTERN = r"^[a-z0-9][a-z0-9-]{0,31}$"
+SECRET_NAME_PATTERN = r"^[A-Z_][A-Z0-9_]{0,63}$"
 INSTANCE_TYPES = ("lite", "standard-1", "standard-2", "standard-3", "standard-4")
 DEFAULT_IMAGE = "hermes"
 DEFAULT_CWD = "/workspace"
@@ -70,4 +87,19 @@ LIMITS = {
     "MAX_KEY_EXPIRES_IN_SECONDS": MAX_KEY_EXPIRES_IN_SECONDS,
     "MAX_KEYS": MAX_KEYS,
     "MAX_PAGE_RECORDS": MAX_PAGE_RECORDS,
+    "MAX_SERVICES": MAX_SERVICES,
+    "SUPERVISOR_PORT": SUPERVISOR_PORT,
+    "MAX_ALLOW_PATHS": MAX_ALLOW_PATHS,
+    "MAX_ALLOW_PATH_BYTES": MAX_ALLOW_PATH_BYTES,
+    "MAX_SECRETS": MAX_SECRETS,
+    "MAX_SECRET_VALUE_BYTES": MAX_SECRET_VALUE_BYTES,
+    "MAX_SERVICE_SECRETS": MAX_SERVICE_SECRETS,
+    "MAX_PROXY_BODY_BYTES": MAX_PROXY_BODY_BYTES,
+    "PROXY_HEAD_SECONDS": PROXY_HEAD_SECONDS,
+    "SERVICE_READY_SECONDS": SERVICE_READY_SECONDS,
+    "SERVICE_LOG_CHARS": SERVICE_LOG_CHARS,
+    "SERVICE_BACKOFF_FIRST_SECONDS": SERVICE_BACKOFF_FIRST_SECONDS,
+    "SERVICE_BACKOFF_MAX_SECONDS": SERVICE_BACKOFF_MAX_SECONDS,
+    "SERVICE_QUICK_EXIT_SECONDS": SERVICE_QUICK_EXIT_SECONDS,
+    "SERVICE_MAX_QUICK_EXITS": SERVICE_MAX_QUICK_EXITS,
 }

@@ -115,6 +115,7 @@ class ExecRequest:
     login: bool = False
     cwd: str | None = None
     env: dict[str, str] = field(default_factory=dict)
+    secrets: tuple[str, ...] = ()  # names of the workspace's secrets to add to env (resolved by the workspace)
 
     def to_json(self) -> dict:
         return {
@@ -125,10 +126,11 @@ class ExecRequest:
             "login": self.login,
             "cwd": self.cwd,
             "env": dict(self.env),
+            "secrets": list(self.secrets),
         }
 
 
-_EXEC_FIELDS = frozenset(("request_id", "command", "timeout", "stdin", "login", "cwd", "env"))
+_EXEC_FIELDS = frozenset(("request_id", "command", "timeout", "stdin", "login", "cwd", "env", "secrets"))
 
 
 def parse_timeout(value: object) -> float:
@@ -166,10 +168,8 @@ def parse_env(value: object) -> dict[str, str]:
     return dict(value)
 
 
-def parse_exec_request(obj: dict) -> ExecRequest:
-    _reject_unknown(obj, _EXEC_FIELDS)
-    request_id = validate_request_id(obj.get("request_id"))
-    command = obj.get("command")
+def validate_command(command: object) -> str:
+    """A command for `bash -c` (an exec's, a service's): a string without NUL, at most MAX_COMMAND_BYTES of UTF-8."""
     if not isinstance(command, str):
         raise ProtocolError("invalid_field", "command must be a string")
     if "\x00" in command:
@@ -180,6 +180,13 @@ def parse_exec_request(obj: dict) -> ExecRequest:
         raise ProtocolError("invalid_field", "command must be valid UTF-8") from None
     if command_bytes > limits.MAX_COMMAND_BYTES:
         raise ProtocolError("command_too_large")
+    return command
+
+
+def parse_exec_request(obj: dict) -> ExecRequest:
+    _reject_unknown(obj, _EXEC_FIELDS)
+    request_id = validate_request_id(obj.get("request_id"))
+    command = validate_command(obj.get("command"))
     timeout = obj.get("timeout")
     timeout = limits.DEFAULT_TIMEOUT_SECONDS if timeout is None else parse_timeout(timeout)
     stdin = _text(obj, "stdin")
@@ -193,7 +200,36 @@ def parse_exec_request(obj: dict) -> ExecRequest:
     if cwd is not None:
         validate_abs_path(cwd, "invalid_cwd", "cwd")
     env = parse_env(obj.get("env"))
-    return ExecRequest(request_id, command, timeout, stdin, login, cwd, env)
+    secrets = _secret_names(obj.get("secrets"))
+    _check_env_room(env, secrets)
+    return ExecRequest(request_id, command, timeout, stdin, login, cwd, env, secrets)
+
+
+_SECRET_NAME = re.compile(limits.SECRET_NAME_PATTERN)
+
+
+def _check_env_room(env: dict[str, str], secrets: tuple[str, ...]) -> None:
+    """Secrets join env under their own names: none may clash, and together they stay within MAX_ENV_VARS."""
+    clash = sorted(set(secrets) & set(env))
+    if clash:
+        raise ProtocolError("invalid_field", f"{clash[0]} is both in env and in secrets")
+    if len(env) + len(secrets) > limits.MAX_ENV_VARS:
+        raise ProtocolError("invalid_field", f"env and secrets together hold more than {limits.MAX_ENV_VARS} variables")
+
+
+def _secret_names(value: object) -> tuple[str, ...]:
+    """A list of secret names (a service's or an exec's `secrets`), duplicates dropped."""
+    if value is None:
+        return ()
+    if not isinstance(value, list) or len(value) > limits.MAX_SERVICE_SECRETS:
+        raise ProtocolError("invalid_field", f"secrets is a list of at most {limits.MAX_SERVICE_SECRETS} secret names")
+    names: list[str] = []
+    for name in value:
+        if not isinstance(name, str) or not _SECRET_NAME.fullmatch(name):
+            raise ProtocolError("invalid_name", f"secret names must match {limits.SECRET_NAME_PATTERN}")
+        if name not in names:
+            names.append(name)
+    return tuple(names)
 
 
 @dataclass(frozen=True)

@@ -67,10 +67,12 @@ def bwrap_argv(
     python_sources: Sequence[tuple[str, str]],
     env: Mapping[str, str],
     python: str,
+    image_binds: Sequence[tuple[str, str]] = (),
 ) -> list[str]:
-    """The full bwrap command that runs the supervisor. `python_sources` are (bind source, path inside) pairs;
-    `network_args` are the private network's (network.py), empty without one; `env` is the sandbox's whole
-    environment (SANDBOX_API_TOKEN is dropped whoever put it there)."""
+    """The full bwrap command that runs the supervisor. `python_sources` and `image_binds` (the workspace image's
+    IMAGE_BINDS, config.py) are (bind source, path inside) pairs, bound read-only; `network_args` are the private
+    network's (network.py), empty without one; `env` is the sandbox's whole environment (SANDBOX_API_TOKEN is
+    dropped whoever put it there)."""
     argv = [bwrap]
     argv += ["--unshare-user", "--uid", str(uid), "--gid", str(gid), "--disable-userns"]
     argv += ["--unshare-pid", "--unshare-ipc", "--unshare-uts", "--unshare-cgroup-try"]
@@ -91,6 +93,8 @@ def bwrap_argv(
     argv += ["--bind", live.tmp, SANDBOX_TMP]
     argv += ["--dir", "/var", "--symlink", "../tmp", "/var/tmp"]  # noqa: S108 - points at the sandbox /tmp
     argv += ["--dir", "/run"]  # empty and read-only, as in an image: nothing of the server's is in it
+    for source, path in image_binds:  # before the Python sources: a bind never hides the supervisor's Python
+        argv += ["--ro-bind", source, path]
     for source, path in python_sources:  # after the live dirs: a Python installed below /tmp stays visible
         argv += ["--ro-bind", source, path]
     argv += ["--remount-ro", "/"]  # the root tmpfs bwrap builds would otherwise belong to the sandbox user

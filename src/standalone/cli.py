@@ -121,8 +121,8 @@ def _parser() -> argparse.ArgumentParser:
     )
     mcp.add_argument("--workspace", "-w", default="default", help="the workspace its tools use (default: default)")
 
-    hermes = sub.add_parser("hermes", help="Hermes plugin helpers")
-    hermes.add_argument("action", choices=("install",))
+    hermes = sub.add_parser("hermes", help="Hermes helpers: install the plugin, host Hermes' API server in a workspace")
+    hermes.add_argument("action", choices=("install", "host"))
     hermes.add_argument("rest", nargs=argparse.REMAINDER)
     return parser
 
@@ -159,6 +159,10 @@ def _main(argv: list[str] | None) -> int:
         return run_server(
             host=args.host, port=args.port, data_dir=args.data_dir or default_data_dir(), log_level=args.log_level
         )
+    if args.command == "hermes" and args.action == "host":
+        from standalone import hermes_host
+
+        return hermes_host.main(args.rest, top=args)
     if args.command == "hermes":
         from standalone import hermes_install  # written alongside the plugin; imported only when asked for
 

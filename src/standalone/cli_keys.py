@@ -58,6 +58,12 @@ def add_parsers(sub, connection_options) -> None:
     create.add_argument(
         "--expires-in", metavar="DURATION", default=None, help="seconds, or 30d, 12h, 15m, 2w, 1d12h (default: never)"
     )
+    create.add_argument(
+        "--service",
+        metavar="NAME",
+        default=None,
+        help="bind a proxy key to this service of --workspace: it opens that service's /v1/proxy and nothing else",
+    )
     create.add_argument("--label", metavar="TEXT", default=None, help="a name for the key in lists and the audit log")
     create.add_argument("--json", action="store_true", help="print the key object (with its secret) as JSON")
     keys_ls = command(keys_sub, "ls", "list the keys (never their secrets)", "only the keys of this namespace")
@@ -202,15 +208,21 @@ def _keys_create(client, args) -> int:
     scopes = _scopes(args.scopes)
     expires_in = None if args.expires_in is None else parse_duration(args.expires_in)
     key = client.mint_key(
-        args.namespace, scopes, workspace=args.workspace, expires_in=expires_in, label=args.label or None
+        args.namespace,
+        scopes,
+        workspace=args.workspace,
+        expires_in=expires_in,
+        label=args.label or None,
+        service=args.service,
     )
     if args.json:
         _print_json(key)
         return 0
     expires = _when(key.get("expires_at")) + (" UTC" if key.get("expires_at") else "")
     label = f" ({shown(key['label'])})" if key.get("label") else ""
+    service = f" service {shown(key['service'])}" if key.get("service") else ""
     say(
-        f"created key {key['id']}{label} for {_target(key['namespace'], key['workspace'])}, "
+        f"created key {key['id']}{label} for {_target(key['namespace'], key['workspace'])}{service}, "
         f"scopes {','.join(key['scopes'])}, expires {expires}"
     )
     print(key["key"], flush=True)  # stdout holds the secret alone: KEY=$(flarebox keys create …)

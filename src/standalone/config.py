@@ -5,7 +5,9 @@ Both runtimes then agree on IDLE_SECONDS, ENABLE_INTERNET, instance types and th
 
 import json
 import os
-from collections.abc import Mapping
+import re
+from collections.abc import Callable, Collection, Mapping
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -92,10 +94,108 @@ def wrangler_vars(path: Path | None = None) -> dict[str, str]:
 
 
 def load_settings(environ: Mapping[str, str] | None = None, wrangler: Path | None = None) -> Settings:
-    """Settings from wrangler.jsonc vars overridden by the environment. Raises ValueError naming a bad variable."""
+    """Settings from wrangler.jsonc vars overridden by the environment. Raises ValueError naming a bad variable
+    (IMAGE_BINDS too, though it is not part of Settings: a bad one stops the server at start, not at a boot)."""
     environ = os.environ if environ is None else environ
     merged = wrangler_vars(wrangler)
     for name in SETTING_VARS:
         if environ.get(name) not in (None, ""):
             merged[name] = environ[name]
-    return Settings.from_vars(merged)
+    settings = Settings.from_vars(merged)
+    image_binds(environ, settings.images)
+    return settings
+
+
+# --- IMAGE_BINDS: extra read-only binds per image (standalone only) --------------------------------------------------
+# A standalone sandbox is the host's /usr plus the server's Python, whatever image a workspace names; this lets an
+# image name mean "and this host directory too", e.g. a virtualenv with Hermes bound where the hermes-agent image of
+# the hermes-agent image of container/Dockerfile installs it:  IMAGE_BINDS="hermes-agent=/srv/hermes-venv:/opt/hermes".
+# An environment variable only (not a wrangler.jsonc var): host paths mean nothing to the Cloudflare deployment.
+
+IMAGE_BINDS_VAR = "IMAGE_BINDS"
+# Where a bind may not go, nor above: the sandbox's writable dirs, the kernel's, and the host system dirs every
+# sandbox has (sandbox.py, bwrap.py). Covering one would hide or replace what the sandbox relies on.
+RESERVED_SANDBOX_DIRS = (
+    "/workspace",
+    "/home",
+    "/tmp",  # noqa: S108 - a path inside the sandbox, never opened here
+    "/var",
+    "/run",
+    "/proc",
+    "/dev",
+    "/etc",
+    "/usr",
+    "/bin",
+    "/sbin",
+    "/lib",
+    "/lib32",
+    "/lib64",
+    "/libx32",
+)
+_IMAGE_NAME = re.compile(r"^[A-Za-z0-9_-]{1,128}$")  # protocol/validate.py's image names
+
+
+@dataclass(frozen=True)
+class ImageBind:
+    """One read-only bind: `source` on the host appears at `target` inside the sandboxes of one image."""
+
+    source: str
+    target: str
+
+
+def _bind_path(path: str, what: str, entry: str) -> str:
+    if not path.startswith("/") or os.path.normpath(path) != path or path.startswith("//") or ":" in path:
+        raise ValueError(f"{IMAGE_BINDS_VAR}: {entry!r}: the {what} must be an absolute, normalised path (no : or ,)")
+    return path
+
+
+def parse_image_binds(value: str | None) -> dict[str, tuple[ImageBind, ...]]:
+    """IMAGE_BINDS as {image: binds}: comma-separated `image=/host/path:/sandbox/path` entries, an image named as
+    often as it has binds. Checks the shape only (pure); check_image_binds looks at the host. Raises ValueError."""
+    binds: dict[str, list[ImageBind]] = {}
+    for raw in (value or "").split(","):
+        entry = raw.strip()
+        if not entry:
+            continue
+        image, sep, paths = entry.partition("=")
+        image = image.strip()
+        source, colon, target = paths.strip().partition(":")
+        if not sep or not colon or not _IMAGE_NAME.fullmatch(image):
+            raise ValueError(f"{IMAGE_BINDS_VAR}: {entry!r} is not image=/host/path:/sandbox/path")
+        bind = ImageBind(_bind_path(source, "host path", entry), _bind_path(target, "sandbox path", entry))
+        if bind.target == "/" or any(
+            bind.target == d or bind.target.startswith(d + "/") for d in RESERVED_SANDBOX_DIRS
+        ):
+            raise ValueError(
+                f"{IMAGE_BINDS_VAR}: {entry!r}: {bind.target} would cover a directory every sandbox has "
+                f"({', '.join(RESERVED_SANDBOX_DIRS)}); bind somewhere else, e.g. below /opt"
+            )
+        if any(other.target == bind.target for other in binds.get(image, ())):
+            raise ValueError(f"{IMAGE_BINDS_VAR}: image {image} binds {bind.target} twice")
+        binds.setdefault(image, []).append(bind)
+    return {image: tuple(entries) for image, entries in binds.items()}
+
+
+def check_image_binds(
+    binds: Mapping[str, tuple[ImageBind, ...]],
+    images: Collection[str],
+    exists: Callable[[str], bool] = os.path.exists,
+) -> None:
+    """Every image bound is one a workspace may ask for (IMAGES), and every host path exists (now, at start)."""
+    for image, entries in binds.items():
+        if image not in images:
+            raise ValueError(f"{IMAGE_BINDS_VAR}: image {image} is not in IMAGES ({', '.join(images)})")
+        for bind in entries:
+            if not exists(bind.source):
+                raise ValueError(f"{IMAGE_BINDS_VAR}: {bind.source} (for image {image}) does not exist")
+
+
+def image_binds(
+    environ: Mapping[str, str] | None = None, images: Collection[str] | None = None
+) -> dict[str, tuple[ImageBind, ...]]:
+    """The environment's IMAGE_BINDS, parsed and checked ({} when unset). `images` defaults to the settings'."""
+    environ = os.environ if environ is None else environ
+    binds = parse_image_binds(environ.get(IMAGE_BINDS_VAR))
+    if binds:
+        check_image_binds(binds, load_settings(environ).images if images is None else images)
+    return binds

@@ -6,6 +6,7 @@ Data layout (everything under the data dir):
     workspaces/<ns>/<ws>/uid              the workspace's own host uid (root server; uids.py), never reused
     snapshots/<ns>/<ws>/                  the snapshot store's archives and manifests
     uid-range, uid-next                   the server's block of host uids and the next one to hand out (root server)
+    secrets.key                           the key secrets are sealed with (mode 0600; unless SECRETS_KEY is set)
     run/<key>/sv.sock                     the supervisors' sockets, reachable by the server only (0700; a fresh
                                           private dir under the system temp dir when this path is too long)
 Objects are forgotten (and their directory removed) once deleted. At shutdown the running sandboxes are stopped
@@ -21,9 +22,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from durable.ports import Container, Response
+from durable.ports import Cipher, Container, Response
 from durable.settings import Settings
 from standalone.alarms import PersistentAlarm, persisted_alarm_at
+from standalone.cipher import AesGcmCipher, load_or_create_key
 from standalone.clock import AsyncioClock
 from standalone.reserve import DiskReserve
 from standalone.storage import SqliteStorage
@@ -105,6 +107,7 @@ class WorkspaceRegistry:
         clock: AsyncioClock,
         container_factory: ContainerFactory,
         stop_container: Callable[[Any], Any] | None = None,
+        cipher: Cipher | None = None,
     ):
         self.data_dir = Path(data_dir)
         self.settings = settings
@@ -116,6 +119,8 @@ class WorkspaceRegistry:
         self._closing = False
         self.data_dir.mkdir(parents=True, exist_ok=True)
         self.reserve = DiskReserve(self.data_dir / RESERVE_FILE)
+        # secrets at rest: SECRETS_KEY, else a key generated once into the data dir (cipher.py)
+        self._cipher = cipher or AesGcmCipher(load_or_create_key(self.data_dir))
 
     # --- ports.Workspaces ----------------------------------------------------------------------------
 
@@ -170,6 +175,7 @@ class WorkspaceRegistry:
             clock=_EntryClock(self.clock, self, holder),
             container=container,
             streams=self._streams,
+            cipher=self._cipher,
         )
         return entry
 

@@ -39,8 +39,9 @@ import socket
 import stat
 import subprocess
 import sys
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Mapping
 from dataclasses import dataclass
+from functools import cache
 from pathlib import Path
 from typing import Any
 
@@ -52,11 +53,13 @@ from protocol.errors import ProtocolError
 from standalone import seccomp
 from standalone.bwrap import LiveDirs, SandboxFds, bwrap_argv, host_system_dirs
 from standalone.cgroups import Cgroups, SandboxGroup, limits_for
+from standalone.config import IMAGE_BINDS_VAR, ImageBind, parse_image_binds
 from standalone.log_tail import LogTail
 from standalone.network import PrivateNetwork, data_fd, private_network_available
 from standalone.peer import PeerCheckedBackend
 from standalone.snapshots import SnapshotStore
 from standalone.uids import adopt_tree
+from standalone.upstream import PortConnections, PortResponse, open_port_socket
 
 log = logging.getLogger("flarebox.sandbox")
 
@@ -110,6 +113,12 @@ def _python_sources() -> list[str]:
             continue  # already bound read-only as a system directory
         found.append(real)
     return found
+
+
+@cache
+def _configured_image_binds() -> dict[str, tuple[ImageBind, ...]]:
+    """The server's IMAGE_BINDS (config.py), read once; load_settings already refused a bad one at start."""
+    return parse_image_binds(os.environ.get(IMAGE_BINDS_VAR))
 
 
 def _passwd(ids: SandboxIds) -> tuple[bytes, bytes]:
@@ -174,8 +183,11 @@ class SandboxContainer:
         ids: SandboxIds = SandboxIds(),
         cgroups: Cgroups | None = None,
         startup_timeout: float = STARTUP_TIMEOUT,
+        image_binds: Mapping[str, tuple[ImageBind, ...]] | None = None,
     ):
         self.namespace = namespace
+        # extra read-only binds for the workspace's image (IMAGE_BINDS); None: the server's environment
+        self.image_binds = _configured_image_binds() if image_binds is None else image_binds
         self.workspace = workspace
         self.root_dir = Path(root_dir)
         self.store = store
@@ -196,6 +208,8 @@ class SandboxContainer:
         self._group: SandboxGroup | None = None
         self._net: PrivateNetwork | None = None
         self._client: httpx.AsyncClient | None = None
+        self._port_connections: PortConnections | None = None  # kept-alive upstreams of the running sandbox
+        self._shares_host_network = False  # internet on without a private network: its loopback is the host's
         self._lock = asyncio.Lock()
         self._clean_restore_leftovers()
 
@@ -281,11 +295,13 @@ class SandboxContainer:
         try:
             listener.bind(str(self.socket_path))
             self._net = PrivateNetwork() if spec.enable_internet and private_network_available() else None
+            self._shares_host_network = spec.enable_internet and self._net is None
             # source() stages in call order (the launcher's numbering): live dirs first, then Python sources
             live = LiveDirs(
                 source(self.root_dir / "workspace"), source(self.root_dir / "home"), source(self.root_dir / "tmp")
             )
             python_sources = [(source(path), path) for path in _python_sources()]
+            image_binds = [(source(b.source), b.target) for b in self.image_binds.get(spec.image, ())]
             env = {"PATH": PATH, "HOME": SANDBOX_HOME, "LANG": "C.UTF-8", "USER": SANDBOX_USER, **(spec.env or {})}
             argv = bwrap_argv(
                 bwrap=shutil.which("bwrap") or "/usr/bin/bwrap",
@@ -301,6 +317,7 @@ class SandboxContainer:
                 python_sources=python_sources,
                 env=env,
                 python=sys.executable,
+                image_binds=image_binds,
             )
 
             if self.cgroups is not None:
@@ -405,6 +422,9 @@ class SandboxContainer:
         if self._net is not None:
             net, self._net = self._net, None
             await asyncio.to_thread(net.stop)
+        if self._port_connections is not None:  # the next sandbox gets a pool of its own
+            connections, self._port_connections = self._port_connections, None
+            connections.close()
         if self._client is not None:
             client, self._client = self._client, None
             await client.aclose()
@@ -476,6 +496,40 @@ class SandboxContainer:
             raise ContainerGone(f"the sandbox cannot be reached: {exc.__class__.__name__}") from None
         return SandboxResponse(response)
 
+    async def fetch_port(
+        self,
+        port: int,
+        method: str,
+        path: str,
+        *,
+        body: Any = None,
+        headers: dict[str, str] | None = None,
+    ) -> PortResponse:
+        """Straight to the service, HTTP/1.1 on a socket the supervisor connected inside the sandbox's network
+        namespace (which only its processes reach) and handed over; kept alive for the next request to that port
+        (upstream.py). No silence limit on the answer (an SSE stream may be quiet for long); its head must come
+        within PROXY_HEAD_SECONDS of the last request byte sent."""
+        proc = self._proc
+        if self._client is None or proc is None or not self.running():
+            raise ContainerGone("the sandbox is not running")
+        if self._shares_host_network:
+            # its 127.0.0.1 is the host's: a proxied request would reach whatever the host serves on loopback
+            raise ProtocolError(
+                "upstream_unavailable",
+                "the port proxy needs the sandbox in a network of its own, and this one shares the host's (an"
+                " unprivileged server with ENABLE_INTERNET=true): run the server as root with slirp4netns, or set"
+                " ENABLE_INTERNET=false",
+            )
+        connections = self._port_connections
+        if connections is None:
+            socket_path = str(self.socket_path)
+
+            def opener(to: int, closer):
+                return open_port_socket(socket_path, self._expected_peer, to, limits.PROXY_HEAD_SECONDS, closer)
+
+            connections = self._port_connections = PortConnections(opener)
+        return await connections.request(port, method, path, headers or {}, body, limits.PROXY_HEAD_SECONDS)
+
     # ---- snapshots ----------------------------------------------------------------------------------------
     async def snapshot(self) -> SnapshotInfo:
         """Archive the live files from the host. No sync of its own: the host reads the same page cache the sandbox
@@ -484,6 +538,9 @@ class SandboxContainer:
         if not self.root_dir.is_dir():
             raise ProtocolError("snapshot_failed", "the workspace has no files to snapshot")
         return await asyncio.to_thread(self.store.create, self.namespace, self.workspace, self.root_dir)
+
+    def snapshot_expiry(self, alive_from_ms: int) -> int | None:
+        return None  # the snapshot store keeps a snapshot until retention or a delete drops it
 
     async def delete_snapshot(self, snapshot_id: str) -> None:
         await asyncio.to_thread(self.store.delete, self.namespace, self.workspace, snapshot_id)
@@ -537,6 +594,7 @@ class SandboxResponse:
         self._response = response
         self.status = response.status_code
         self.headers = {k.lower(): v for k, v in response.headers.items()}
+        self.header_pairs = [(k.lower(), v) for k, v in response.headers.multi_items()]
         self.body = self._iterate()
         self.read_seconds = read_seconds or _request_read_timeout(response) or CONTROL_READ_SECONDS
 

@@ -13,8 +13,10 @@ from pathlib import Path
 import uvicorn
 
 from directory.directory import Directory
+from durable.ports import Cipher
 from standalone import network, redact
 from standalone.access import access_gate
+from standalone.cipher import AesGcmCipher, load_or_create_key
 from standalone.clock import AsyncioClock
 from standalone.config import load_settings
 from standalone.http_protocol import FlareboxH11Protocol
@@ -43,10 +45,12 @@ def _version() -> str:
         return "0.0.0"
 
 
-def build_app(data_dir: Path, settings, token: str | None) -> tuple[FlareboxApp, WorkspaceRegistry, SandboxDriver]:
+def build_app(
+    data_dir: Path, settings, token: str | None, cipher: Cipher | None = None
+) -> tuple[FlareboxApp, WorkspaceRegistry, SandboxDriver]:
     driver = SandboxDriver(data_dir, settings)
     clock = AsyncioClock()
-    registry = WorkspaceRegistry(data_dir, settings, clock, driver.make, driver.stop)
+    registry = WorkspaceRegistry(data_dir, settings, clock, driver.make, driver.stop, cipher)
     directory_storage = SqliteStorage(data_dir / DIRECTORY_FILE, registry.reserve)
     directory = Directory(directory_storage, clock, settings)
     for namespace, workspace in registry.known_workspaces():
@@ -79,9 +83,14 @@ def run_server(*, host: str, port: int, data_dir: Path, log_level: str = "info")
         print(f"flarebox: bad setting: {err}", file=sys.stderr)
         return 2
     token = load_or_create_token(data_dir)
+    try:
+        cipher = AesGcmCipher(load_or_create_key(data_dir))  # before anything starts: a bad SECRETS_KEY stops here
+    except ValueError as err:
+        print(f"flarebox: bad setting: {err}", file=sys.stderr)
+        return 2
     base_url = f"http://{host}:{port}" if ":" not in host else f"http://[{host}]:{port}"
     try:
-        app, registry, driver = build_app(data_dir, settings, token.value if token.usable else None)
+        app, registry, driver = build_app(data_dir, settings, token.value if token.usable else None, cipher)
     except (UidRangeError, UnsafeDirError, SeccompUnavailable) as err:
         print(f"flarebox: {err}", file=sys.stderr)
         return 2
@@ -105,6 +114,9 @@ def run_server(*, host: str, port: int, data_dir: Path, log_level: str = "info")
         log_level=log_level,
         http=FlareboxH11Protocol,  # h11, with the documented 431 for heads too big for its buffer
         lifespan="on",
+        # the caller's address is the connection's: X-Forwarded-For from a loopback client is not believed (the
+        # port proxy passes the real one on to services, which must not be told a forged one)
+        proxy_headers=False,
         h11_max_incomplete_event_size=MAX_INCOMPLETE_EVENT,
         timeout_graceful_shutdown=GRACEFUL_SECONDS,
         server_header=False,

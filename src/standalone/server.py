@@ -21,10 +21,15 @@ MAX_HEADER_BYTES = 32 * 1024
 
 
 class AsgiBody:
-    """ports.RequestBody over ASGI `receive`: read(limit) for JSON bodies, stream for file uploads. Single use."""
+    """ports.RequestBody over ASGI `receive`: read(limit) for JSON bodies, stream for file uploads. Single use.
 
-    def __init__(self, receive):
+    `declared`: the request announced a body (Content-Length or Transfer-Encoding). One that did not has none
+    (RFC 9112 6.3): `stream_at_most` is then None, like a Cloudflare request's null body, so a proxied plain GET
+    is forwarded without a body, not with an empty chunked one."""
+
+    def __init__(self, receive, declared: bool = True):
         self._receive = receive
+        self.declared = declared
         self.finished = False
         self.disconnected = False
 
@@ -62,6 +67,17 @@ class AsgiBody:
     def stream(self) -> AsyncIterator[bytes]:
         return self._iterate()
 
+    def stream_at_most(self, limit: int) -> AsyncIterator[bytes] | None:
+        return self._iterate_at_most(limit) if self.declared else None
+
+    async def _iterate_at_most(self, limit: int) -> AsyncIterator[bytes]:
+        size = 0
+        async for chunk in self._iterate():
+            size += len(chunk)
+            if size > limit:
+                raise ProtocolError("payload_too_large", f"the body is limited to {limit} bytes")
+            yield chunk
+
 
 def _headers(scope: dict) -> dict[str, str]:
     headers: dict[str, str] = {}
@@ -85,17 +101,20 @@ class FlareboxApp:
             return
         if scope["type"] != "http":
             return  # no websockets
-        body = AsgiBody(receive)
         if sum(len(k) + len(v) for k, v in scope.get("headers", ())) > MAX_HEADER_BYTES:
-            await self._send(Response.error(ProtocolError("headers_too_large")), body, receive, send)
+            await self._send(Response.error(ProtocolError("headers_too_large")), AsgiBody(receive), receive, send)
             return
+        headers = _headers(scope)
+        body = AsgiBody(receive, "content-length" in headers or "transfer-encoding" in headers)
         request = EdgeRequest(
             method=scope["method"],
             # raw_path keeps percent-encoding so a `%` in a name reaches validation instead of being decoded
             path=(scope.get("raw_path") or scope["path"].encode()).decode("latin-1"),
             query=scope.get("query_string", b"").decode("latin-1"),
-            headers=_headers(scope),
+            headers=headers,
             body=body,
+            client_ip=(scope.get("client") or ("",))[0] or "",
+            scheme=scope.get("scheme", "http"),
         )
         try:
             response = await self.edge.handle(request)
@@ -119,7 +138,10 @@ class FlareboxApp:
 
     async def _send(self, response: Response, body: AsgiBody, receive, send) -> None:
         payload = response.body
-        headers = [(k.lower().encode("latin-1"), str(v).encode("latin-1")) for k, v in response.headers.items()]
+        pairs = [*response.headers.items(), *response.header_pairs]
+        # uvicorn sends its own Date on every answer: a proxied service's would be a second one (Date is a
+        # singleton field), so the server's clock speaks, as for every other answer
+        headers = [(k.lower().encode("latin-1"), str(v).encode("latin-1")) for k, v in pairs if k.lower() != "date"]
         if isinstance(payload, (bytes, bytearray, memoryview)) or payload is None:
             data = bytes(payload or b"")
             if not any(k == b"content-length" for k, _ in headers):

@@ -1,18 +1,28 @@
 """ports.Streams: a response body the workspace writes into while the server sends it (Cloudflare: TransformStream).
 
-A bounded queue gives backpressure (a slow client slows the relay, never grows memory without bound). When the
-client goes away the server closes the readable; the next write raises StreamClosed and `pipe_from` stops reading
-the container, so a dead client never keeps a relay running.
+A bounded queue gives backpressure (a slow client slows the relay, never grows memory without bound): a writer waits
+while QUEUE_CHUNKS chunks or QUEUE_BYTES bytes are queued. When the client goes away the server closes the readable;
+the next write raises StreamClosed and `pipe_from` stops reading the container, so a dead client never keeps a relay
+running.
+
+One reader (the server sending the response), any number of writers (a relay and its heartbeats). A deque and bare
+futures instead of asyncio.Queue: a chunk that finds room costs no wake-up of anything but the waiting reader.
 """
 
 import asyncio
 import json
+from collections import deque
 from typing import Any
 
 from durable.ports import ContainerGone
 
 QUEUE_CHUNKS = 64
+QUEUE_BYTES = 1024 * 1024
+# queued small chunks are joined into one read up to this size: fewer sends and TCP segments for bursts of small
+# events; a bulk transfer's large chunks pass one by one (joining them would only copy them once more)
+COALESCE_BYTES = 64 * 1024
 _EOF = object()
+_ABORT = object()
 
 
 class StreamClosed(ConnectionError):
@@ -30,39 +40,92 @@ class _Readable:
 
     async def __anext__(self) -> bytes:
         sink = self._sink
-        if sink.reader_gone or sink.eof_seen:
+        if sink.reader_gone:
             raise StopAsyncIteration
-        item = await sink.queue.get()
+        items = sink.items
+        while not items:
+            waiter = sink.getter = asyncio.get_running_loop().create_future()
+            try:
+                await waiter
+            finally:
+                sink.getter = None
+        item = items.popleft()
         if item is _EOF:
             sink.reader_gone = True
             raise StopAsyncIteration
-        # coalesce what is already queued into one chunk: fewer sends and TCP segments for bursts of small events
-        parts = [item]
-        while not sink.queue.empty():
-            more = sink.queue.get_nowait()
-            if more is _EOF:
-                sink.eof_seen = True
-                break
-            parts.append(more)
-        return parts[0] if len(parts) == 1 else b"".join(parts)
+        if item is _ABORT:
+            sink.reader_gone = True
+            raise StreamClosed("the stream's source failed midway")
+        size = len(item)
+        if items and size < COALESCE_BYTES:
+            parts = [item]
+            while items and items[0] is not _EOF and items[0] is not _ABORT:
+                if size + len(items[0]) > COALESCE_BYTES:
+                    break
+                more = items.popleft()
+                size += len(more)
+                parts.append(more)
+            if len(parts) > 1:
+                item = b"".join(parts)
+        sink.taken(size)
+        return item
 
     async def aclose(self) -> None:
-        """The server stopped sending (client disconnected or response done): release any blocked writer."""
-        self._sink.reader_gone = True
-        self._sink.drain()
+        """The server stopped sending (client disconnected or response done): release any blocked writer, and
+        interrupt a relay waiting on an interruptible body."""
+        sink = self._sink
+        sink.reader_gone = True
+        sink.drain()
+        waiting = sink._body_wait
+        if waiting is not None and not waiting.done():
+            sink._interrupted = True
+            waiting.cancel()
 
 
 class QueueSink:
-    def __init__(self, maxsize: int = QUEUE_CHUNKS):
-        self.queue: asyncio.Queue = asyncio.Queue(maxsize)
+    def __init__(self, maxsize: int = QUEUE_CHUNKS, maxbytes: int = QUEUE_BYTES):
+        self.items: deque = deque()
+        self.size = 0  # bytes queued
+        self.maxsize = maxsize
+        self.maxbytes = maxbytes
+        self.getter: asyncio.Future | None = None  # the reader, waiting for an item
+        self._putters: deque[asyncio.Future] = deque()  # writers waiting for room
         self.reader_gone = False
-        self.eof_seen = False  # EOF taken off the queue while coalescing; the next read ends the stream
         self.closed = False
         self.readable = _Readable(self)
+        self._body_wait: asyncio.Task | None = None  # pipe_from's task, while it waits on an interruptible body
+        self._interrupted = False
+
+    def _full(self) -> bool:
+        return len(self.items) >= self.maxsize or self.size >= self.maxbytes
+
+    def taken(self, size: int) -> None:
+        self.size -= size
+        self._wake_putters()
+
+    def _wake_putters(self) -> None:
+        while self._putters:
+            waiter = self._putters.popleft()
+            if not waiter.done():
+                waiter.set_result(None)
 
     def drain(self) -> None:
-        while not self.queue.empty():
-            self.queue.get_nowait()
+        self.items.clear()
+        self.size = 0
+        self._wake_putters()
+
+    async def _put(self, item: object, size: int) -> None:
+        while self._full() and not self.reader_gone:
+            waiter = asyncio.get_running_loop().create_future()
+            self._putters.append(waiter)
+            await waiter
+        if self.reader_gone:
+            return
+        self.items.append(item)
+        self.size += size
+        getter = self.getter
+        if getter is not None and not getter.done():
+            getter.set_result(None)
 
     async def write(self, data: bytes) -> None:
         if self.reader_gone:
@@ -71,7 +134,7 @@ class QueueSink:
             raise StreamClosed("the stream was already closed")
         if not data:
             return
-        await self.queue.put(bytes(data))
+        await self._put(bytes(data), len(data))
         if self.reader_gone:  # woke up because the reader left and drained the queue
             self.drain()
             raise StreamClosed("the client closed the stream")
@@ -82,14 +145,31 @@ class QueueSink:
         terminal event had already passed (the sandbox stopped right after it): the client has its outcome, and a
         second terminal event would break the one-terminal-event rule."""
         last: list[bytes] = [b"", b""]  # the last two chunks: enough to hold the final line
+        # a body that says so (a proxied answer: an SSE stream may be silent for hours) is interrupted when the
+        # reader leaves, instead of at its next chunk: its upstream connection closes at once
+        watched = getattr(body, "interruptible", False)
         try:
-            async for chunk in body:
+            iterator = body.__aiter__()
+            while True:
+                if watched:
+                    self._body_wait = asyncio.current_task()
+                try:
+                    chunk = await iterator.__anext__()
+                except StopAsyncIteration:
+                    break
+                finally:
+                    self._body_wait = None
                 last[0], last[1] = last[1], chunk
                 try:
                     await self.write(chunk)
                 except StreamClosed:
                     return
-        except (ContainerGone, StreamClosed, asyncio.CancelledError) as exc:
+        except asyncio.CancelledError:
+            if not self._interrupted:
+                raise
+            asyncio.current_task().uncancel()  # the reader left: as if the next write had failed
+            return
+        except (ContainerGone, StreamClosed) as exc:
             if isinstance(exc, ContainerGone) and ends_with_terminal(last[0] + last[1]):
                 return
             raise
@@ -106,12 +186,19 @@ class QueueSink:
                     pass
 
     async def close(self) -> None:
+        await self._end(_EOF)
+
+    async def abort(self) -> None:
+        """The reader's next read fails instead of ending: the server then drops the connection."""
+        await self._end(_ABORT)
+
+    async def _end(self, marker: object) -> None:
         if self.closed:
             return
         self.closed = True
         if self.reader_gone:
             return
-        await self.queue.put(_EOF)
+        await self._put(marker, 0)
 
 
 def ends_with_terminal(data: bytes) -> bool:

@@ -46,18 +46,23 @@ def load_or_create_token(data_dir: Path, environ: dict | None = None) -> ServerT
     existing = read_local_token(data_dir)
     if existing:
         return ServerToken(existing, "file", path)
-    path.parent.mkdir(parents=True, exist_ok=True)
     value = secrets.token_urlsafe(48)
-    # O_EXCL + 0600 from the start: the token is never readable by others, not even for a moment
-    tmp = path.with_name(f".{TOKEN_FILE}.{os.getpid()}.tmp")
+    write_private(path, value)
+    return ServerToken(value, "generated", path)
+
+
+def write_private(path: Path, text: str) -> None:
+    """Write a one-line secret file (the token, the secrets key): mode 0600 from the start (O_EXCL on a temporary
+    name, then renamed into place), so it is never readable by others, not even for a moment, nor ever half written."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
     try:
-        os.write(fd, (value + "\n").encode("ascii"))
+        os.write(fd, (text + "\n").encode("ascii"))
         os.fsync(fd)
     finally:
         os.close(fd)
     os.replace(tmp, path)
-    return ServerToken(value, "generated", path)
 
 
 def token_notice(token: ServerToken, base_url: str, *, terminal: bool = True) -> str:

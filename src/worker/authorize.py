@@ -17,6 +17,7 @@ class Principal:
     namespace: str | None = None  # a key's namespace
     workspace: str | None = None  # a key's one workspace, or None for every workspace of its namespace
     scopes: frozenset[str] = frozenset()
+    service: str | None = None  # a proxy key bound to one service: it opens that service's /v1/proxy and nothing else
 
     @property
     def admin(self) -> bool:
@@ -43,6 +44,8 @@ def allows(principal: Principal, need: str | None, namespace: str | None, worksp
     range (listing every workspace of a namespace, or of the deployment)."""
     if principal.admin:
         return True
+    if principal.service is not None:  # it names one service: every other route is out of its reach
+        return False
     if need is ADMIN_ONLY:  # (None is in no key's scopes either: the next test says the same)  # pragma: no mutate
         return False  # pragma: no mutate
     if need != ANY_SCOPE and need not in principal.scopes:
@@ -55,6 +58,18 @@ def may_list(principal: Principal, namespace: str | None, workspace: str | None 
     outside it is refused rather than answered empty, so a key learns nothing of what lies beyond."""
     if principal.admin:
         return True
+    if principal.service is not None:
+        return False
     if namespace is not None and namespace != principal.namespace:
         return False
     return workspace is None or principal.workspace is None or workspace == principal.workspace
+
+
+def proxy_target(principal: Principal) -> tuple[str, str, str] | None:
+    """The (namespace, workspace, service) that /v1/proxy opens for `principal`: a `proxy` key bound to a service
+    of one workspace, and nothing else — the deployment token names no service, and the path never names one."""
+    if principal.admin or principal.service is None or "proxy" not in principal.scopes:
+        return None
+    if principal.namespace is None or principal.workspace is None:
+        return None
+    return principal.namespace, principal.workspace, principal.service

@@ -24,12 +24,13 @@ from protocol import PROTOCOL_VERSION, limits
 from protocol.errors import ProtocolError
 from protocol.keys import parse_key_request, split_key, validate_key_id
 from protocol.validate import validate_name
+from worker import prepare
 from worker.auth import TokenCheck, bearer
-from worker.authorize import ADMIN, ADMIN_ONLY, Principal, allows, may_list
+from worker.authorize import ADMIN, ADMIN_ONLY, Principal, allows, may_list, proxy_target
 from worker.prepare import NO_PARAMS, read_json
 from worker.query import parse_query
 from worker.request import EdgeRequest
-from worker.routes import DeploymentEndpoint, Endpoint, MethodNotAllowed, Route, match
+from worker.routes import DeploymentEndpoint, Endpoint, MethodNotAllowed, Route, is_proxied, match
 
 log = logging.getLogger("flarebox.edge")
 
@@ -89,6 +90,10 @@ class Edge:
             response = Response.error(ProtocolError("internal_error"))
         if principal is not None and route is not None and route.endpoint.audited:
             await self._audit(principal, route, response, detail, started)
+        if is_proxied(req.path) and _code_of(_json_of(response)) is not None:
+            # on a proxied route a client must tell Flarebox's own refusal from the service's answer (which can
+            # never carry this header: x-flarebox-* is dropped from every proxied answer)
+            response.headers["x-flarebox-error"] = _code_of(_json_of(response))
         return response
 
     # --- credentials --------------------------------------------------------------------------------------------
@@ -107,6 +112,7 @@ class Edge:
             namespace=record["namespace"],
             workspace=record["workspace"],
             scopes=frozenset(record["scopes"]),
+            service=record.get("service"),
         )
 
     async def _ask(self, op: str, args: dict[str, Any]) -> Any:
@@ -127,9 +133,9 @@ class Edge:
     ) -> Response:
         if not allows(principal, endpoint.need, route.namespace, route.workspace):
             raise ProtocolError("forbidden")
-        args = await endpoint.prepare(req, route.request_id, self._settings)
+        args = await endpoint.prepare(req, route.params, self._settings)
         detail.update(_detail_of(args, self._token))
-        body = req.body.stream if endpoint.operation.streams_body and req.body is not None else None
+        body = _body_of(req, endpoint.operation)
         stub = self._workspaces.get(route.namespace, route.workspace)
         if endpoint.operation is ops.PUT_CONFIG:
             return await self._create(route, stub, args)
@@ -190,6 +196,16 @@ class Edge:
 
     # --- deployment routes --------------------------------------------------------------------------------------
 
+    async def _proxy(self, req: EdgeRequest, route: Route, principal: Principal, detail: dict) -> Response:
+        """/v1/proxy/{path…}: the workspace and service come from the key, server-side; the path cannot name them."""
+        target = proxy_target(principal)
+        if target is None:
+            raise ProtocolError("forbidden", "/v1/proxy needs a proxy key bound to a service (POST /v1/keys)")
+        namespace, workspace, service = target
+        args = dataclasses.replace(await prepare.proxy(req, route.params, self._settings), service=service)
+        stub = self._workspaces.get(namespace, workspace)
+        return await stub.call(ops.PROXY.name, args, _body_of(req, ops.PROXY))
+
     async def _health(self, req: EdgeRequest, route: Route, principal: Principal, detail: dict) -> Response:
         parse_query(req.query, NO_PARAMS)
         return Response.json(200, {"ok": True, "protocol": PROTOCOL_VERSION, "version": self._version})
@@ -200,6 +216,8 @@ class Edge:
         detail.update(target=(request.namespace, request.workspace))
         minted = await self._ask("mint_key", {"request": dataclasses.asdict(request)})
         detail.update(target_key_id=minted["id"], scopes=minted["scopes"])
+        if minted.get("service") is not None:
+            detail.update(service=minted["service"])
         return Response.json(201, minted, {"cache-control": "no-store"})
 
     async def _list_keys(self, req: EdgeRequest, route: Route, principal: Principal, detail: dict) -> Response:
@@ -329,7 +347,25 @@ def _detail_of(args: Any, token: str | None) -> dict[str, Any]:
         return {"request_id": args.request_id}
     if isinstance(args, ops.WriteFileArgs):
         return {"path": redact(args.path, token), "size": args.length}
+    if isinstance(args, ops.PutServiceArgs):
+        return {"service": args.name, "command": redact(args.spec["command"], token), "port": args.spec["port"]}
+    if isinstance(args, ops.ServiceArgs):
+        return {"service": args.name}
+    if isinstance(args, ops.PutSecretArgs | ops.SecretArgs):
+        return {"secret": args.name}  # the name only: a value is never recorded
     return {}
+
+
+def _body_of(req: EdgeRequest, operation: ops.Operation) -> Any:
+    """The request body a streaming operation is handed: a proxied one bounded as it passes (it may come without
+    a length), a file upload as is (its Content-Length was checked). A proxied request without a body (a plain
+    GET: neither Content-Length nor Transfer-Encoding, RFC 9112 6.3; on Cloudflare a null body) gets None from the
+    runtime's `stream_at_most`: it is forwarded with no body at all, never an empty chunked one."""
+    if not operation.streams_body or req.body is None:
+        return None
+    if operation is ops.PROXY:
+        return req.body.stream_at_most(limits.MAX_PROXY_BODY_BYTES)
+    return req.body.stream
 
 
 def _forgotten(operation: ops.Operation, response: Response) -> bool:

@@ -8,14 +8,22 @@ from durable.operations import (
     CancelArgs,
     ExecArgs,
     NoArgs,
+    ProxyArgs,
     PutConfigArgs,
+    PutSecretArgs,
+    PutServiceArgs,
     ReadFileArgs,
     ReattachArgs,
+    SecretArgs,
+    ServiceArgs,
+    ServiceLogsArgs,
     WriteFileArgs,
 )
 from durable.settings import Settings
 from protocol import limits
+from protocol import proxy as proxy_policy
 from protocol.errors import ProtocolError
+from protocol.services import parse_secret_value, parse_service
 from protocol.validate import (
     WorkspaceConfig,
     parse_exec_request,
@@ -26,7 +34,7 @@ from protocol.validate import (
     validate_offset,
 )
 from worker.query import parse_query
-from worker.request import EdgeRequest
+from worker.request import EdgeRequest, PathParams
 
 NO_PARAMS: frozenset[str] = frozenset()
 
@@ -95,57 +103,109 @@ def _deployment_config(config: WorkspaceConfig, settings: Settings) -> Workspace
     return WorkspaceConfig(config.image, instance, config.persistent, config.cwd)
 
 
-# --- one function per route: (request, the path's request id, settings) -> the operation's arguments ----------
+# --- one function per route: (request, the path's parameters, settings) -> the operation's arguments ---------
 
 
-async def no_args(req: EdgeRequest, request_id: str | None, settings: Settings) -> NoArgs:
+async def no_args(req: EdgeRequest, params: PathParams, settings: Settings) -> NoArgs:
     parse_query(req.query, NO_PARAMS)
     return NoArgs()
 
 
-async def delete(req: EdgeRequest, request_id: str | None, settings: Settings) -> NoArgs:
+async def delete(req: EdgeRequest, params: PathParams, settings: Settings) -> NoArgs:
     params = parse_query(req.query, frozenset({"confirm"}))
     if params.get("confirm") != "true":
         raise ProtocolError("confirm_required")
     return NoArgs()
 
 
-async def put_config(req: EdgeRequest, request_id: str | None, settings: Settings) -> PutConfigArgs:
+async def put_config(req: EdgeRequest, params: PathParams, settings: Settings) -> PutConfigArgs:
     parse_query(req.query, NO_PARAMS)
     obj = await read_json(req, empty_ok=True)
     return PutConfigArgs(_deployment_config(parse_workspace_config(obj), settings))
 
 
-async def exec_(req: EdgeRequest, request_id: str | None, settings: Settings) -> ExecArgs:
+async def exec_(req: EdgeRequest, params: PathParams, settings: Settings) -> ExecArgs:
     parse_query(req.query, NO_PARAMS)
     obj = await read_json(req, empty_ok=False)
     return ExecArgs(parse_exec_request(obj))  # the workspace trusts this; the supervisor checks it again
 
 
-async def reattach(req: EdgeRequest, request_id: str | None, settings: Settings) -> ReattachArgs:
-    params = parse_query(req.query, frozenset({"offset"}))
-    offset = validate_offset(params["offset"]) if "offset" in params else 0
-    return ReattachArgs(_required(request_id), offset)
+async def reattach(req: EdgeRequest, params: PathParams, settings: Settings) -> ReattachArgs:
+    query = parse_query(req.query, frozenset({"offset"}))
+    offset = validate_offset(query["offset"]) if "offset" in query else 0
+    return ReattachArgs(_required(params.request_id), offset)
 
 
-async def cancel(req: EdgeRequest, request_id: str | None, settings: Settings) -> CancelArgs:
+async def cancel(req: EdgeRequest, params: PathParams, settings: Settings) -> CancelArgs:
     parse_query(req.query, NO_PARAMS)
-    return CancelArgs(_required(request_id))
+    return CancelArgs(_required(params.request_id))
 
 
-async def read_file(req: EdgeRequest, request_id: str | None, settings: Settings) -> ReadFileArgs:
+async def read_file(req: EdgeRequest, params: PathParams, settings: Settings) -> ReadFileArgs:
     params = parse_query(req.query, frozenset({"path"}))
     return ReadFileArgs(_path_param(params))
 
 
-async def write_file(req: EdgeRequest, request_id: str | None, settings: Settings) -> WriteFileArgs:
+async def write_file(req: EdgeRequest, params: PathParams, settings: Settings) -> WriteFileArgs:
     params = parse_query(req.query, frozenset({"path", "mode"}))
     path = _path_param(params)
     mode = parse_file_mode(params.get("mode"))
     return WriteFileArgs(path, mode, _upload_length(req, settings))
 
 
-def _required(request_id: str | None) -> str:
-    if request_id is None:  # a route table bug: only `{id}` routes use these
+async def put_service(req: EdgeRequest, params: PathParams, settings: Settings) -> PutServiceArgs:
+    parse_query(req.query, NO_PARAMS)
+    spec = parse_service(await read_json(req, empty_ok=False))
+    return PutServiceArgs(_required(params.name), spec.to_json())
+
+
+async def service(req: EdgeRequest, params: PathParams, settings: Settings) -> ServiceArgs:
+    parse_query(req.query, NO_PARAMS)
+    return ServiceArgs(_required(params.name))
+
+
+async def service_logs(req: EdgeRequest, params: PathParams, settings: Settings) -> ServiceLogsArgs:
+    query = parse_query(req.query, frozenset({"offset"}))
+    offset = validate_offset(query["offset"]) if "offset" in query else 0
+    return ServiceLogsArgs(_required(params.name), offset)
+
+
+async def put_secret(req: EdgeRequest, params: PathParams, settings: Settings) -> PutSecretArgs:
+    parse_query(req.query, NO_PARAMS)
+    return PutSecretArgs(_required(params.name), parse_secret_value(await read_json(req, empty_ok=False)))
+
+
+async def secret(req: EdgeRequest, params: PathParams, settings: Settings) -> SecretArgs:
+    parse_query(req.query, NO_PARAMS)
+    return SecretArgs(_required(params.name))
+
+
+async def proxy(req: EdgeRequest, params: PathParams, settings: Settings) -> ProxyArgs:
+    """A proxied request: its path normalized before any allow-list sees it, its headers stripped of the caller's
+    credentials (the token, a key, Access' JWT and cookie never enter a container), its body bounded."""
+    try:
+        length = content_length(req)
+    except ValueError:
+        raise ProtocolError("invalid_field", "malformed Content-Length") from None
+    if length is not None and length > limits.MAX_PROXY_BODY_BYTES:
+        raise ProtocolError("payload_too_large", f"proxied bodies are limited to {limits.MAX_PROXY_BODY_BYTES} bytes")
+    headers = proxy_policy.request_headers(
+        req.headers,
+        client_ip=req.client_ip,
+        scheme=req.scheme,
+        host=req.headers.get("host", ""),
+        prefix=_required(params.prefix),
+    )
+    return ProxyArgs(
+        method=req.method,
+        path=proxy_policy.normalize_path(_required(params.tail)),
+        query=req.query,
+        headers=headers,
+        port=params.port,
+    )
+
+
+def _required(value: str | None) -> str:
+    if value is None:  # a route table bug: only routes with that placeholder use these
         raise ProtocolError("not_found")
-    return request_id
+    return value

@@ -5,6 +5,17 @@ from dataclasses import dataclass, field
 from durable.ports import RequestBody
 
 
+@dataclass(frozen=True)
+class PathParams:
+    """What a route's path carries besides namespace and workspace, validated by the route match."""
+
+    request_id: str | None = None  # …/exec/{id}
+    name: str | None = None  # …/services/{service}, …/secrets/{secret}
+    port: int | None = None  # …/ports/{port}/…
+    tail: str | None = None  # the proxied path as sent (raw), "/" at least
+    prefix: str | None = None  # the path the proxied one sits under (X-Forwarded-Prefix)
+
+
 @dataclass
 class EdgeRequest:
     method: str
@@ -12,3 +23,5 @@ class EdgeRequest:
     query: str = ""  # raw query string, without the `?`
     headers: dict[str, str] = field(default_factory=dict)  # lower-case names
     body: RequestBody | None = None
+    client_ip: str = ""  # the caller's address as the runtime saw it (X-Forwarded-For of a proxied request)
+    scheme: str = "http"  # "https" behind TLS (X-Forwarded-Proto)

@@ -11,13 +11,14 @@ from typing import Any
 from durable import operations as ops
 from durable.settings import Settings
 from protocol.errors import ProtocolError
+from protocol.services import parse_port_segment, validate_secret_name, validate_service_name
 from protocol.validate import validate_name, validate_request_id
 from worker import prepare
 from worker.authorize import ADMIN_ONLY, ANY_SCOPE
-from worker.request import EdgeRequest
+from worker.request import EdgeRequest, PathParams
 
-# (request, the path's request id or None, settings) -> the operation's typed arguments
-Prepare = Callable[[EdgeRequest, str | None, Settings], Awaitable[Any]]
+# (request, the path's parameters, settings) -> the operation's typed arguments
+Prepare = Callable[[EdgeRequest, PathParams, Settings], Awaitable[Any]]
 
 
 @dataclass(frozen=True)
@@ -31,7 +32,12 @@ class Endpoint:
     audited: bool = False
 
 
-# Workspace sub-routes: segments after /v1/workspaces/{ns}/{ws}, with `{id}` for a request id → {method: endpoint}.
+# Methods the port proxy forwards (CONNECT and TRACE are not HTTP a service answers through a proxy).
+PROXY_METHODS = ("GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS")
+_PROXY = Endpoint(ops.PROXY, prepare.proxy, "proxy")
+
+# Workspace sub-routes: segments after /v1/workspaces/{ns}/{ws} → {method: endpoint}. Placeholders: `{id}` a request
+# id, `{service}` a service name, `{secret}` a secret name; the port proxy (…/ports/{port}/{path…}) is matched apart.
 WORKSPACE_ROUTES: dict[tuple[str, ...], dict[str, Endpoint]] = {
     (): {
         "GET": Endpoint(ops.GET, prepare.no_args, ANY_SCOPE),
@@ -48,6 +54,18 @@ WORKSPACE_ROUTES: dict[tuple[str, ...], dict[str, Endpoint]] = {
     ("snapshot",): {"POST": Endpoint(ops.SNAPSHOT, prepare.no_args, "snapshots", audited=True)},
     ("snapshots",): {"GET": Endpoint(ops.SNAPSHOTS, prepare.no_args, "snapshots")},
     ("stop",): {"POST": Endpoint(ops.STOP, prepare.no_args, "snapshots", audited=True)},
+    ("services",): {"GET": Endpoint(ops.LIST_SERVICES, prepare.no_args, "manage")},
+    ("services", "{service}"): {
+        "PUT": Endpoint(ops.PUT_SERVICE, prepare.put_service, "manage", audited=True),
+        "DELETE": Endpoint(ops.DELETE_SERVICE, prepare.service, "manage", audited=True),
+    },
+    ("services", "{service}", "logs"): {"GET": Endpoint(ops.SERVICE_LOGS, prepare.service_logs, "manage")},
+    ("secrets",): {"GET": Endpoint(ops.LIST_SECRETS, prepare.no_args, "manage")},
+    ("secrets", "{secret}"): {
+        "PUT": Endpoint(ops.PUT_SECRET, prepare.put_secret, "manage", audited=True),
+        "DELETE": Endpoint(ops.DELETE_SECRET, prepare.secret, "manage", audited=True),
+    },
+    ("ports", "{port}", "{path}"): {method: _PROXY for method in PROXY_METHODS},
 }
 
 
@@ -71,6 +89,8 @@ DEPLOYMENT_ROUTES: dict[tuple[str, ...], dict[str, DeploymentEndpoint]] = {
     ("keys", "{key}"): {"DELETE": DeploymentEndpoint("revoke_key", ADMIN_ONLY, audited=True)},
     ("workspaces",): {"GET": DeploymentEndpoint("list_workspaces", ANY_SCOPE)},
     ("audit",): {"GET": DeploymentEndpoint("list_audit", "manage")},
+    # the key-resolved proxy: the workspace and service come from the key (authorize.proxy_target), never the path
+    ("proxy", "{path}"): {method: DeploymentEndpoint("proxy", "proxy") for method in PROXY_METHODS},
 }
 
 
@@ -79,7 +99,7 @@ class Route:
     endpoint: Endpoint | DeploymentEndpoint
     namespace: str | None = None
     workspace: str | None = None
-    request_id: str | None = None
+    params: PathParams = PathParams()
     key_id: str | None = None  # as sent: validated by its handler, after the admin-only check
 
 
@@ -91,39 +111,79 @@ class MethodNotAllowed(ProtocolError):
         super().__init__("method_not_allowed", f"allowed methods: {self.allow}")
 
 
+_PLACEHOLDERS = ("{id}", "{key}", "{service}", "{secret}")
+
+
 def _shape_matches(template: tuple[str, ...], rest: list[str]) -> bool:
     # the lengths are compared first, so zip's strictness could never matter
     same_length = len(template) == len(rest)
-    return same_length and all(t in ("{id}", "{key}") or t == r for t, r in zip(template, rest))  # noqa: B905
+    return same_length and all(t in _PLACEHOLDERS or t == r for t, r in zip(template, rest))  # noqa: B905
+
+
+def _methods(table: dict[tuple[str, ...], dict[str, Any]], template: tuple[str, ...], method: str) -> Any:
+    methods = table[template]
+    if method not in methods:
+        raise MethodNotAllowed(methods)
+    return methods[method]
+
+
+def _proxied(method: str, parts: list[str]) -> Route | None:
+    """The two proxy shapes, whose tail is any path (empty segments included: protocol/proxy.py normalizes it)."""
+    if parts[0] == "proxy":
+        endpoint = _methods(DEPLOYMENT_ROUTES, ("proxy", "{path}"), method)
+        return Route(endpoint, params=PathParams(tail="/" + "/".join(parts[1:]), prefix="/v1/proxy"))
+    if len(parts) >= 5 and parts[0] == "workspaces" and parts[3] == "ports":
+        endpoint = _methods(WORKSPACE_ROUTES, ("ports", "{port}", "{path}"), method)
+        ns, ws = validate_name(parts[1], "namespace"), validate_name(parts[2], "workspace")
+        port = parse_port_segment(parts[4])
+        prefix = f"/v1/workspaces/{ns}/{ws}/ports/{port}"
+        return Route(endpoint, ns, ws, PathParams(port=port, tail="/" + "/".join(parts[5:]), prefix=prefix))
+    return None
+
+
+def is_proxied(path: str) -> bool:
+    """Whether a raw path has the shape of a proxied request (whatever its credential or validity)."""
+    parts = path.split("/")
+    if parts[1:3] == ["v1", "proxy"]:
+        return True
+    return len(parts) >= 6 and parts[1:3] == ["v1", "workspaces"] and parts[5] == "ports"
 
 
 def match(method: str, path: str) -> Route:
-    """Resolve (method, raw path) to a Route, raising not_found, method_not_allowed, invalid_name or
-    invalid_request_id — in that order, so a bad name on an unknown route is still a 404."""
+    """Resolve (method, raw path) to a Route, raising not_found, method_not_allowed, then the path's own
+    validation (invalid_name, invalid_request_id, invalid_port) — in that order, so a bad name on an unknown route
+    is still a 404."""
     if not path.startswith("/"):
         raise ProtocolError("not_found")
     parts = path[1:].split("/")
-    if "" in parts or parts[0] != "v1":
+    if parts[0] != "v1" or len(parts) < 2:
         raise ProtocolError("not_found")
     parts = parts[1:]
+    proxied = _proxied(method, parts)
+    if proxied is not None:
+        return proxied
+    if "" in parts:
+        raise ProtocolError("not_found")
     if len(parts) < 3:
         template = next((t for t in DEPLOYMENT_ROUTES if _shape_matches(t, parts)), None)
         if template is None:
             raise ProtocolError("not_found")
-        methods = DEPLOYMENT_ROUTES[template]
-        if method not in methods:
-            raise MethodNotAllowed(methods)
-        return Route(methods[method], key_id=parts[1] if "{key}" in template else None)
+        endpoint = _methods(DEPLOYMENT_ROUTES, template, method)
+        return Route(endpoint, key_id=parts[1] if "{key}" in template else None)
     if parts[0] != "workspaces":
         raise ProtocolError("not_found")
     ns, ws, rest = parts[1], parts[2], parts[3:]
     template = next((t for t in WORKSPACE_ROUTES if _shape_matches(t, rest)), None)
     if template is None:
         raise ProtocolError("not_found")
-    methods = WORKSPACE_ROUTES[template]
-    if method not in methods:
-        raise MethodNotAllowed(methods)
+    endpoint = _methods(WORKSPACE_ROUTES, template, method)
     validate_name(ns, "namespace")
     validate_name(ws, "workspace")
-    request_id = validate_request_id(rest[1]) if "{id}" in template else None
-    return Route(methods[method], ns, ws, request_id)
+    values = dict(zip(template, rest))  # noqa: B905 - same length (matched)
+    name = None
+    if "{service}" in values:
+        name = validate_service_name(values["{service}"])
+    elif "{secret}" in values:
+        name = validate_secret_name(values["{secret}"])
+    request_id = validate_request_id(values["{id}"]) if "{id}" in values else None
+    return Route(endpoint, ns, ws, PathParams(request_id=request_id, name=name))

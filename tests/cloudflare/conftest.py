@@ -3,6 +3,8 @@
 One harness per test module: Pyodide takes a few seconds to boot.
 """
 
+import base64
+import hashlib
 import json
 import os
 import secrets
@@ -25,10 +27,11 @@ READY_SECONDS = 90
 
 
 class Harness:
-    def __init__(self, base: str, token: str, vars_: dict[str, str]):
+    def __init__(self, base: str, token: str, vars_: dict[str, str], state: str):
         self.base = base
         self.token = token
         self.vars = vars_
+        self.state = Path(state)  # the harness's scratch directory: objects' SQLite under do/<binding>/
         self.admin = httpx.Client(base_url=base, timeout=120)
 
     def client(self, token: str | None = None, timeout: float = 120) -> httpx.Client:
@@ -63,6 +66,36 @@ class Harness:
 
     def container(self, object_name: str) -> dict:
         return self.admin.get("/__harness/container", params={"object": object_name}).json()
+
+    def freeze(self, object_name: str) -> None:
+        """Stop every process of the object's container (SIGSTOP): it accepts connections and answers nothing."""
+        self.admin.post("/__harness/freeze", params={"object": object_name}).raise_for_status()
+
+    def thaw(self, object_name: str) -> None:
+        self.admin.post("/__harness/thaw", params={"object": object_name}).raise_for_status()
+
+    def deploy(self, grace_seconds: float | None = None) -> dict:
+        """A new version of the Worker: every object instance running now is reset `grace_seconds` later (the
+        harness's DEPLOY_GRACE_MS, 30 s, by default), cutting the requests it still has in flight."""
+        params = {} if grace_seconds is None else {"graceMs": int(grace_seconds * 1000)}
+        return self.admin.post("/__harness/deploy", params=params).json()
+
+    def platform(self) -> dict:
+        """The platform rules the harness keeps (its constants): start() options, alarm retries, lifetimes, …"""
+        return self.admin.get("/__harness/platform").json()
+
+    def cipher(self, op: str, key: str, data: bytes, aad: bytes) -> dict:
+        """cloudflare.cipher.WebCryptoCipher(key).seal/open(data, aad) under Pyodide: {"available", "data" (bytes)
+        or "error"}."""
+        body = {"op": op, "key": key, "data": base64.b64encode(data).decode(), "aad": base64.b64encode(aad).decode()}
+        answer = self.admin.post("/__harness/cipher", content=json.dumps(body)).json()
+        if "data" in answer:
+            answer["data"] = base64.b64decode(answer["data"])
+        return answer
+
+    def object_db(self, object_name: str, binding: str = "WORKSPACE") -> Path:
+        """The SQLite file of an object's ctx.storage (the harness names it by the sha256 of the object's name)."""
+        return self.state / "do" / binding.lower() / (hashlib.sha256(object_name.encode()).hexdigest() + ".sqlite")
 
 
 def _vendor_sdk() -> None:
@@ -114,7 +147,7 @@ def harness(harness_vars):
         port = _wait_ready(proc)
         # keep draining stdout so the harness never blocks on a full pipe
         threading.Thread(target=lambda: [None for _ in proc.stdout], daemon=True).start()
-        yield Harness(f"http://127.0.0.1:{port}", token, vars_)
+        yield Harness(f"http://127.0.0.1:{port}", token, vars_, state)
     finally:
         if proc.poll() is None:
             proc.send_signal(signal.SIGTERM)  # the harness destroys its containers, then exits

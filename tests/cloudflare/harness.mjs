@@ -6,7 +6,22 @@
 // running in a bubblewrap sandbox. What is faked, keeping the binding shapes the SDK checks: env (vars and the
 // WORKSPACE and DIRECTORY Durable Object namespaces), ctx.storage (SQL on node:sqlite, alarms on timers) and, for
 // Workspace objects only, ctx.container (start/monitor/destroy/getTcpPort/snapshotContainer/setInactivityTimeout
-// over that sandbox).
+// over that sandbox). getTcpPort(port).fetch reaches the supervisor (8080, on its unix socket) and any other port a
+// process of that container listens on — found in /proc: a listening socket held by a process of the sandbox's
+// tree, which shares the host's network when enableInternet is true (a service on 127.0.0.1:<port> is on the host's
+// loopback, so tests pick free ports). Any other port rejects, as workerd does; with enableInternet false the
+// harness cannot reach a service's port at all and says so. Container snapshots expire as on Cloudflare: 30 days after
+// they were made or last restored, a restore fails — after start() returned, the container never comes up.
+//
+// The platform's rules it keeps, as strict as Cloudflare where the rule is known (issue 16; the constants below,
+// GET /__harness/platform): start() returns at once and a bad start shows later through `running`/monitor(); its
+// options are ContainerStartupOptions; the port fetch frames a body as workerd does (content-length only for a
+// known length, else chunked) and FixedLengthStream exists; an object's storage refuses an instance that is gone; a
+// pending monitor() keeps an idle object for 15 minutes at most, then time passing (POST /__harness/advance) evicts
+// it; alarms are delivered at least once and a throwing handler is retried 6 times from 2 s; a deploy cuts the
+// object requests in flight 30 s later; a request body over the plan's 100 MB gets 413 before the Worker runs; a
+// client that does not read holds the response back. Knobs (POST /__harness/knobs) and routes (freeze, thaw,
+// deploy, crash, evict, orphan) let tests break things the way the platform can.
 //
 // Configuration (environment):
 //   HARNESS_ROOT    the repository (src/, python_modules/)       HARNESS_STATE  a scratch directory
@@ -32,7 +47,24 @@ const PORT = Number(process.env.HARNESS_PORT || 0);
 const BINDS = JSON.parse(process.env.HARNESS_BINDS || "[]"); // host paths the sandbox needs (may be under /tmp)
 const SUPERVISOR_PORT = 8080;
 const IMAGES = { hermes: "registry.cloudflare.com/harness/hermes@sha256:" + "0".repeat(64) };
-const INSTANCE_TYPES = new Set(["lite", "standard-1", "standard-2", "standard-3", "standard-4"]);
+// ContainerStartupOptions of @cloudflare/workers-types (tests/cloudflare/test_platform_rules_under_pyodide.py holds
+// both against the declaration workerd embeds): its keys (start() refuses any other, where the runtime would
+// silently ignore a misspelt one), its instance literals, and ContainerSnapshotRestoreParams' one field.
+const START_OPTIONS = ["entrypoint", "enableInternet", "env", "hardTimeout", "image", "instance", "labels",
+  "directorySnapshots", "containerSnapshot"];
+const INSTANCE_TYPES = new Set(["lite", "basic", "standard-1", "standard-2", "standard-3", "standard-4"]);
+const SNAPSHOT_RESTORE_FIELDS = ["id"];
+// Platform rules the harness keeps, each pinned by a test (docs/deploy-cloudflare.md lists them):
+const ALARM_MAX_RETRIES = 6; // an alarm whose handler throws is retried at most 6 times...
+const ALARM_FIRST_BACKOFF_MS = 2000; // ...with exponential backoff from 2 s
+const MONITOR_KEEPALIVE_MS = 15 * 60 * 1000; // a pending monitor() keeps an idle object in memory this long at most
+const IDLE_EVICTION_MS = 70 * 1000; // an object with nothing keeping it may be evicted this long after its last event
+const DEPLOY_GRACE_MS = 30 * 1000; // a deploy cuts the object requests still in flight this long after it
+const PLAN_BODY_BYTES = 100 * 1024 * 1024; // Free/Pro: a larger request body is refused (413) before the Worker runs
+const RESET_BY_DEPLOY = "Durable Object reset because its code was updated.";
+// Cloudflare keeps a container snapshot this long after it was made or last restored; then a restore fails.
+const SNAPSHOT_LIFETIME_MS = 30 * 24 * 3600 * 1000;
+const snapshotAliveFrom = new Map(); // snapshot id -> when it was made or last restored (the platform's clock)
 
 // Time travel for alarms: POST /__harness/advance moves the clock the Python code reads (Date.now) forward.
 const realNow = Date.now;
@@ -43,13 +75,71 @@ Date.now = () => realNow() + clockOffsetMs;
 // stubs' fetch reject (the object unreachable, as when the runtime resets it), "storage" makes their SQL throw (the
 // Python code fails inside the object). canned answers for an object instead of it, keyed "<BINDING>:<name>":
 // { status, contentType, body, repeat, suffix } (body repeated `repeat` times, then suffix), to try the stubs on
-// answers the real objects never give.
-const knobs = { startDelayMs: 0, failSnapshot: false, directoryFault: null, canned: {} };
+// answers the real objects never give. proxyHeadSeconds sets how long a proxied request waits for the upstream's
+// head (protocol.limits.PROXY_HEAD_SECONDS); silenceSeconds the Cloudflare silence guard (cloudflare.streams).
+// startFailures: the next N container starts fail after start() returned (no capacity). alarmFaults {object: N}:
+// the next N alarm deliveries of that object run with its storage failing (the handler throws). alarmRepeat
+// {object: N}: the next N successful deliveries come again (at least once). bodyLengthKnown false: request bodies
+// reach the Worker as streams of unknown length even when the client sent Content-Length. planBodyBytes: the
+// plan's request body limit.
+const knobs = {
+  startDelayMs: 0, failSnapshot: false, directoryFault: null, canned: {}, proxyHeadSeconds: 60, silenceSeconds: null,
+  startFailures: 0, alarmFaults: {}, alarmRepeat: {}, bodyLengthKnown: true, planBodyBytes: PLAN_BODY_BYTES,
+};
 // Every binding call, in order, for tests to assert on.
 const calls = [];
 const record = (api, object, detail = {}) => calls.push({ api, object, at: Date.now(), ...detail });
 
 process.on("unhandledRejection", (err) => console.error("harness: unhandled rejection:", err));
+
+// Body lengths as workerd knows them. A stream's length is known when it came with one (a request whose client
+// sent Content-Length, a FixedLengthStream's readable) and carries over to a Request made from it; a stream the
+// code made itself (a TransformStream's readable) has none. The container port's fetch frames by it as workerd
+// does: a known length goes out as Content-Length, an unknown one chunked — an explicit content-length header on
+// such a stream is dropped, not an error (tests/workerd/test_stream_patterns.py).
+const knownLengths = new WeakMap();
+function lengthOf(body) {
+  if (body === undefined || body === null) return 0;
+  if (typeof body === "string") return Buffer.byteLength(body);
+  if (body instanceof ArrayBuffer || ArrayBuffer.isView(body)) return body.byteLength;
+  if (body instanceof ReadableStream) return knownLengths.get(body) ?? null;
+  return null;
+}
+// The body a Request built from (input, init) takes: init's, else the input Request's.
+function sourceBody(input, init) {
+  if (init && init.body !== undefined) return init.body;
+  return input instanceof Request ? input.body : null;
+}
+function keepLength(length, request) {
+  if (request.body && length !== null) knownLengths.set(request.body, length);
+  return request;
+}
+
+// workerd's FixedLengthStream: an identity byte stream whose readable has a known length; more bytes than that
+// error it, fewer never make a complete body (the fetch carrying it fails).
+class FixedLengthStream extends TransformStream {
+  constructor(expectedLength) {
+    const expected = Number(expectedLength);
+    if (!Number.isSafeInteger(expected) || expected < 0) throw new TypeError("FixedLengthStream needs a length >= 0");
+    let seen = 0;
+    super({
+      transform(chunk, controller) {
+        if (!(chunk instanceof ArrayBuffer || ArrayBuffer.isView(chunk))) {
+          throw new TypeError("This TransformStream is being used as a byte stream, but received an object of "
+            + "non-ArrayBuffer/ArrayBufferView type on its writable side.");
+        }
+        seen += chunk.byteLength;
+        if (seen > expected) throw new TypeError("Attempt to write too many bytes through a FixedLengthStream.");
+        controller.enqueue(chunk instanceof ArrayBuffer ? new Uint8Array(chunk) : chunk);
+      },
+      flush() {
+        if (seen < expected) throw new TypeError("FixedLengthStream did not see all expected bytes before close().");
+      },
+    });
+    knownLengths.set(this.readable, expected);
+  }
+}
+globalThis.FixedLengthStream = FixedLengthStream;
 
 // ---------------------------------------------------------------------------------------------------------------
 // Storage: ctx.storage (class names matter: the SDK wraps only a "DurableObjectStorage").
@@ -79,14 +169,17 @@ function sqlValue(v) {
 }
 
 class SqlStorage {
-  constructor(object) {
+  constructor(object, storage) {
     this.object = object;
+    this.storage = storage;
     this.db = object.db;
   }
   exec(query, ...bindings) {
+    this.storage.check();
     if (knobs.directoryFault === "storage" && this.object.kind === CLASSES.DIRECTORY) {
       throw new Error("SQLITE_IOERR: disk I/O error (harness knob directoryFault)");
     }
+    if (this.object.storageFault) throw new Error("SQLITE_IOERR: disk I/O error (harness knob alarmFaults)");
     const trimmed = query.trim().replace(/;\s*$/, "");
     if (bindings.length === 0 && trimmed.includes(";")) {
       this.db.exec(query); // several statements, as the runtime allows without bindings
@@ -107,21 +200,30 @@ class SqlStorage {
   }
 }
 
+// One per object instance: once the instance is gone (evicted, or reset by a deploy) its storage refuses, as the
+// runtime's does for a superseded instance — a leftover task of the old instance cannot write.
 class DurableObjectStorage {
-  constructor(object) {
+  constructor(object, generation) {
     this.object = object;
-    this.sql = new SqlStorage(object);
+    this.generation = generation;
+    this.sql = new SqlStorage(object, this);
+  }
+  check() {
+    if (this.object.generation !== this.generation) throw new Error(this.object.resetReason);
   }
   async setAlarm(ms) {
+    this.check();
     // as the runtime: only a class with an alarm() handler may set an alarm
     if (!this.object.kind.alarms) throw new Error(`${this.object.kind.className} has no alarm() handler`);
     record("storage.setAlarm", this.object.name, { at: Number(ms) });
     this.object.armAlarm(Number(ms));
   }
   async getAlarm() {
+    this.check();
     return this.object.alarmAt;
   }
   async deleteAlarm() {
+    this.check();
     record("storage.deleteAlarm", this.object.name);
     this.object.armAlarm(null);
   }
@@ -159,6 +261,7 @@ class Container {
     this.proc = null; // the bwrap process once spawned
     this.state = "stopped"; // stopped | starting | running
     this.dir = null; // this run's filesystem (gone with the container, as on Cloudflare)
+    this.sharedNet = false; // enableInternet: the sandbox shares the host's network, so its ports are reachable
     this.exit = null; // { promise, resolve, reject } for monitor()
     this.inflight = 0;
     this.lastActivity = Date.now();
@@ -172,16 +275,18 @@ class Container {
 
   start(options) {
     const o = options ?? {};
-    const known = ["image", "containerSnapshot", "instance", "env", "entrypoint", "enableInternet", "labels",
-      "hardTimeout", "directorySnapshots"];
-    for (const k of Object.keys(o)) if (!known.includes(k)) throw new TypeError(`start(): unknown option ${k}`);
+    for (const k of Object.keys(o)) if (!START_OPTIONS.includes(k)) throw new TypeError(`start(): unknown option ${k}`);
     if (this.running) throw new Error("start() cannot be called on a container that is already running.");
     if (typeof o.enableInternet !== "boolean") throw new TypeError("start(): enableInternet is required");
     if ((o.image === undefined) === (o.containerSnapshot === undefined)) {
       throw new TypeError("start(): pass exactly one of image and containerSnapshot");
     }
-    if (o.image !== undefined && !Object.values(IMAGES).includes(o.image)) {
-      throw new TypeError(`start(): unknown image ${o.image}`);
+    if (o.image !== undefined && typeof o.image !== "string") throw new TypeError("start(): image must be a string");
+    if (o.containerSnapshot !== undefined) {
+      const fields = Object.keys(o.containerSnapshot ?? {});
+      if (typeof o.containerSnapshot?.id !== "string" || fields.some((k) => !SNAPSHOT_RESTORE_FIELDS.includes(k))) {
+        throw new TypeError(`start(): containerSnapshot is {id} (ContainerSnapshotRestoreParams), not {${fields}}`);
+      }
     }
     if (o.instance !== undefined && !INSTANCE_TYPES.has(o.instance)) {
       throw new TypeError(`start(): unknown instance type ${o.instance}`);
@@ -189,10 +294,22 @@ class Container {
     for (const [k, v] of Object.entries(o.env ?? {})) {
       if (typeof v !== "string") throw new TypeError(`start(): env ${k} must be a string`);
     }
+    // What the runtime finds out only after start() returned: the start then fails, which shows as `running`
+    // turning false and monitor() rejecting, never as a throw from start().
+    let failure = null;
+    if (o.image !== undefined && !Object.values(IMAGES).includes(o.image)) failure = `no image ${o.image}`;
+    if (knobs.startFailures > 0) {
+      knobs.startFailures--;
+      failure = "no container instance is available (harness knob startFailures)";
+    }
     let archive = null;
+    let expired = false;
     if (o.containerSnapshot !== undefined) {
-      archive = path.join(STATE, "snapshots", `${o.containerSnapshot.id}.tar`);
-      if (!fs.existsSync(archive)) throw new Error(`start(): unknown container snapshot ${o.containerSnapshot.id}`);
+      const id = o.containerSnapshot.id;
+      archive = path.join(STATE, "snapshots", `${id}.tar`);
+      if (!fs.existsSync(archive)) failure = `no container snapshot ${id}`;
+      expired = Date.now() >= snapshotAliveFrom.get(id) + SNAPSHOT_LIFETIME_MS;
+      if (!expired) snapshotAliveFrom.set(id, Date.now()); // a restore renews the snapshot's life
     }
     record("container.start", this.object.name, {
       image: o.image ?? null,
@@ -201,8 +318,13 @@ class Container {
       enableInternet: o.enableInternet,
       envKeys: Object.keys(o.env ?? {}).sort(),
       envValues: Object.values(o.env ?? {}),
+      expiredSnapshot: expired,
+      keys: Object.keys(o).sort(),
+      containerSnapshotKeys: o.containerSnapshot === undefined ? null : Object.keys(o.containerSnapshot).sort(),
+      failure,
     });
     this.state = "starting";
+    this.sharedNet = o.enableInternet;
     this.dir = fs.mkdtempSync(path.join(STATE, "c-"));
     fs.mkdirSync(path.join(this.dir, "run"));
     fs.mkdirSync(path.join(this.dir, "workspace"));
@@ -210,12 +332,18 @@ class Container {
     const promise = new Promise((res, rej) => ((resolve = res), (reject = rej)));
     promise.catch(() => {});
     this.exit = { promise, resolve, reject };
-    this.boot(archive, o).catch((err) => this.stopped(err));
+    this.boot(archive, o, expired, failure).catch((err) => this.stopped(err));
   }
 
-  async boot(archive, o) {
+  async boot(archive, o, expired, failure) {
     const dir = this.dir;
     if (knobs.startDelayMs) await new Promise((r) => setTimeout(r, knobs.startDelayMs)); // a slow cold start
+    if (expired) throw new Error("the container snapshot has expired"); // start() accepted it; the restore fails
+    if (failure) {
+      await new Promise((r) => setTimeout(r, 200)); // the platform tries first
+      if (this.dir === dir) throw new Error(`Container failed to start: ${failure}`);
+      return;
+    }
     if (archive) await run("tar", ["-xf", archive, "-C", dir]);
     if (this.dir !== dir) return; // destroyed while booting
     const argv = [
@@ -248,6 +376,8 @@ class Container {
     this.proc = null;
     if (this.dir) fs.rmSync(this.dir, { recursive: true, force: true });
     this.dir = null;
+    this.frozen = false;
+    this.object.monitorSince = null; // a settled monitor() keeps nothing alive
     clearInterval(this.inactivityTimer);
     this.inactivityTimer = null;
     record("container.exited", this.object.name, { error: err ? String(err.message) : null });
@@ -258,7 +388,24 @@ class Container {
   monitor() {
     record("container.monitor", this.object.name);
     if (!this.running) return Promise.reject(new Error("monitor(): the container is not running"));
+    this.object.monitorSince = Date.now(); // keeps the object in memory, MONITOR_KEEPALIVE_MS at most
     return this.exit.promise;
+  }
+
+  // A frozen container (test knob): every process of the sandbox stopped (SIGSTOP), so nothing answers — the
+  // kernel still accepts connections on its sockets — until thawed (SIGCONT).
+  freeze(frozen) {
+    record(frozen ? "harness.freeze" : "harness.thaw", this.object.name);
+    if (!this.proc) return false;
+    for (const pid of processTree(this.proc.pid)) {
+      try {
+        process.kill(pid, frozen ? "SIGSTOP" : "SIGCONT");
+      } catch {
+        // exited meanwhile
+      }
+    }
+    this.frozen = frozen;
+    return true;
   }
 
   async destroy(reason) {
@@ -304,6 +451,7 @@ class Container {
     if (this.state !== "running" || !this.dir) throw new Error("snapshotContainer(): the container is not running");
     if (knobs.failSnapshot) throw new Error("snapshotContainer(): snapshot service unavailable");
     const id = "snap-" + randomBytes(8).toString("hex");
+    snapshotAliveFrom.set(id, Date.now());
     const dir = path.join(STATE, "snapshots");
     fs.mkdirSync(dir, { recursive: true });
     const tmp = path.join(dir, `${id}.tmp`);
@@ -316,12 +464,53 @@ class Container {
     return { fetch: (input, init) => this.portFetch(port, input, init) };
   }
 
+  // Where the request to `port` goes: the supervisor's unix socket, or the address a process of this container
+  // listens on. null when nothing of the container listens there (the platform's "not listening" error).
+  target(port) {
+    if (this.state !== "running") return null;
+    if (port === SUPERVISOR_PORT) {
+      const socket = this.dir && path.join(this.dir, "run", "s.sock");
+      return socket && fs.existsSync(socket) ? { socketPath: socket } : null;
+    }
+    const listening = listeningSockets(port);
+    if (listening.size === 0 || !this.proc) return null;
+    for (const pid of processTree(this.proc.pid)) {
+      let fds;
+      try {
+        fds = fs.readdirSync(`/proc/${pid}/fd`);
+      } catch {
+        continue; // exited meanwhile
+      }
+      for (const fd of fds) {
+        let link;
+        try {
+          link = fs.readlinkSync(`/proc/${pid}/fd/${fd}`);
+        } catch {
+          continue;
+        }
+        const inode = /^socket:\[(\d+)\]$/.exec(link)?.[1];
+        if (inode && listening.has(inode)) {
+          if (!this.sharedNet) {
+            console.error(`harness: port ${port} is unreachable without enableInternet (no shared network)`);
+            throw new Error(`harness: port ${port} of a container started without enableInternet is out of reach`);
+          }
+          return { host: listening.get(inode), port };
+        }
+      }
+    }
+    return null;
+  }
+
   async portFetch(port, input, init) {
+    const length = lengthOf(sourceBody(input, init));
     const request = new Request(input, init);
     const url = new URL(request.url);
-    record("container.getTcpPort.fetch", this.object.name, { port, method: request.method, path: url.pathname });
-    const socket = this.dir && path.join(this.dir, "run", "s.sock");
-    if (port !== SUPERVISOR_PORT || this.state !== "running" || !fs.existsSync(socket)) {
+    const framing = !request.body ? "none" : length === null ? "chunked" : "length";
+    record("container.getTcpPort.fetch", this.object.name, {
+      port, method: request.method, path: url.pathname, framing, length: request.body ? length : null,
+    });
+    const target = this.target(Number(port));
+    if (!target) {
       throw new Error(`The container is not listening in the TCP address 10.0.0.1:${port}`);
     }
     this.inflight++;
@@ -332,7 +521,11 @@ class Container {
     };
     return await new Promise((resolve, reject) => {
       const headers = Object.fromEntries(request.headers);
-      const req = http.request({ socketPath: socket, method: request.method, path: url.pathname + url.search, headers });
+      // framing is the runtime's: the body's known length, or chunked (the code's content-length is dropped)
+      delete headers["content-length"];
+      delete headers["transfer-encoding"];
+      if (request.body && length !== null) headers["content-length"] = String(length);
+      const req = http.request({ ...target, method: request.method, path: url.pathname + url.search, headers });
       req.on("error", (err) => {
         done();
         reject(new Error(`Network connection lost: ${err.message}`));
@@ -345,10 +538,70 @@ class Container {
         resolve(new Response(body, { status: res.statusCode, headers: out }));
       });
       request.signal?.addEventListener("abort", () => req.destroy(new Error("aborted")));
-      if (request.body) Readable.fromWeb(request.body).pipe(req);
-      else req.end();
+      if (request.body) {
+        const source = Readable.fromWeb(request.body);
+        source.on("error", (err) => req.destroy(err)); // a body that fails midway (FixedLengthStream) fails the fetch
+        source.pipe(req);
+      } else {
+        req.end();
+      }
     });
   }
+}
+
+// The listening TCP sockets on `port` in this (the host's) network namespace: inode -> the address to connect to.
+function listeningSockets(port) {
+  const found = new Map();
+  for (const [file, v6] of [["/proc/net/tcp", false], ["/proc/net/tcp6", true]]) {
+    let text;
+    try {
+      text = fs.readFileSync(file, "utf8");
+    } catch {
+      continue;
+    }
+    for (const line of text.split("\n").slice(1)) {
+      const f = line.trim().split(/\s+/);
+      if (f.length < 10 || f[3] !== "0A") continue; // 0A: LISTEN
+      const [hex, portHex] = f[1].split(":");
+      if (parseInt(portHex, 16) !== port) continue;
+      let host;
+      if (!v6) {
+        const ip = [0, 2, 4, 6].map((i) => parseInt(hex.slice(i, i + 2), 16)).reverse().join(".");
+        host = ip === "0.0.0.0" ? "127.0.0.1" : ip;
+      } else if (/^0{32}$/.test(hex) || hex === "00000000000000000000000001000000") {
+        host = "::1"; // :: or ::1
+      } else {
+        continue; // a specific IPv6 address: no service the tests start binds one
+      }
+      found.set(f[9], host);
+    }
+  }
+  return found;
+}
+
+// `root` and every process descending from it (the sandbox's processes, seen from the host).
+function processTree(root) {
+  const children = new Map();
+  for (const entry of fs.readdirSync("/proc")) {
+    if (!/^\d+$/.test(entry)) continue;
+    let stat;
+    try {
+      stat = fs.readFileSync(`/proc/${entry}/stat`, "utf8");
+    } catch {
+      continue;
+    }
+    const ppid = Number(stat.slice(stat.lastIndexOf(")") + 2).split(" ")[1]);
+    if (!children.has(ppid)) children.set(ppid, []);
+    children.get(ppid).push(Number(entry));
+  }
+  const tree = [];
+  const queue = [root];
+  while (queue.length) {
+    const pid = queue.shift();
+    tree.push(pid);
+    queue.push(...(children.get(pid) ?? []));
+  }
+  return tree;
 }
 
 // ---------------------------------------------------------------------------------------------------------------
@@ -377,20 +630,27 @@ class DurableObject {
     const dir = path.join(STATE, "do", kind.binding.toLowerCase()); // one directory per class: no file collides
     fs.mkdirSync(dir, { recursive: true });
     this.db = new DatabaseSync(path.join(dir, new DurableObjectId(name).toString() + ".sqlite"));
-    this.storage = new DurableObjectStorage(this);
     this.container = kind.container ? new Container(this) : null;
     this.alarmAt = null;
     this.alarmTimer = null;
+    this.alarmRetry = 0; // the retryCount of the armed alarm (a retry of a failed delivery, or 0)
     this.instance = null;
+    this.generation = 0; // bumped when the instance goes (evicted, reset by a deploy)
+    this.resetReason = null;
+    this.inflight = 0; // requests (until their response's last byte) and alarm deliveries being handled
+    this.lastEvent = Date.now();
+    this.monitorSince = null; // when the pending monitor() was called (it keeps the object alive for a while)
+    this.flights = new Set(); // the requests in flight, each with cut(err)
+    this.storageFault = false;
   }
 
-  // The Python object, constructed on first use and again after an eviction (test knob), as the runtime does.
+  // The Python object, constructed on first use and again after an eviction or a deploy, as the runtime does.
   get py() {
     if (!this.instance) {
-      record("object.construct", this.name);
+      record("object.construct", this.name, { generation: this.generation });
       const ctx = {
         id: new DurableObjectId(this.name),
-        storage: this.storage,
+        storage: new DurableObjectStorage(this, this.generation),
         ...(this.container ? { container: this.container } : {}), // absent, not null, as on the platform
         waitUntil: (p) => {
           record("ctx.waitUntil", this.name);
@@ -403,33 +663,121 @@ class DurableObject {
     return this.instance;
   }
 
-  armAlarm(at) {
+  // An event begins (a request, an alarm delivery): the object is busy until the returned function is called.
+  begin() {
+    this.inflight++;
+    this.lastEvent = Date.now();
+    let ended = false;
+    return () => {
+      if (ended) return;
+      ended = true;
+      this.inflight--;
+      this.lastEvent = Date.now();
+    };
+  }
+
+  // The instance is gone: its storage refuses from now on and every request still in flight is cut with `message`.
+  reset(reason, message) {
+    record(reason === "deploy" ? "harness.reset" : "harness.evict", this.name, { reason, cut: this.flights.size });
+    this.generation++;
+    this.resetReason = message;
+    this.instance = null;
+    this.monitorSince = null;
+    const err = new Error(message);
+    for (const flight of [...this.flights]) flight.cut(err);
+  }
+
+  // Evictable: nothing in flight, idle for IDLE_EVICTION_MS, and no monitor() keeping it (for MONITOR_KEEPALIVE_MS).
+  evictable(now) {
+    if (!this.instance || this.inflight > 0 || now - this.lastEvent < IDLE_EVICTION_MS) return false;
+    const watched = this.monitorSince !== null && this.container?.running;
+    return !watched || now - this.monitorSince >= MONITOR_KEEPALIVE_MS;
+  }
+
+  armAlarm(at, retry = 0) {
     clearTimeout(this.alarmTimer);
     this.alarmTimer = null;
     this.alarmAt = at;
+    this.alarmRetry = at === null ? 0 : retry;
     if (at !== null) this.alarmTimer = setTimeout(() => this.fireAlarm(), Math.max(0, at - Date.now()));
   }
 
-  // Deliver the alarm (retried like the runtime does when the handler throws).
-  async fireAlarm(retryCount = 0) {
+  // The armed alarm is due: deliver it. At least once: a delivery that succeeded may come again (knob alarmRepeat).
+  async fireAlarm() {
+    const retryCount = this.alarmRetry;
     clearTimeout(this.alarmTimer);
     this.alarmTimer = null;
     this.alarmAt = null;
-    record("alarm", this.name, { retryCount });
+    this.alarmRetry = 0;
+    const ok = await this.deliverAlarm(retryCount, false);
+    if (ok && (knobs.alarmRepeat?.[this.name] ?? 0) > 0) {
+      knobs.alarmRepeat[this.name]--;
+      await this.deliverAlarm(0, true);
+    }
+    return ok;
+  }
+
+  // A handler that throws is retried up to ALARM_MAX_RETRIES times, ALARM_FIRST_BACKOFF_MS after the first failure
+  // and doubling — unless it set a new alarm meanwhile. After the last retry the alarm is dropped.
+  async deliverAlarm(retryCount, redelivery) {
+    const faults = knobs.alarmFaults?.[this.name] ?? 0;
+    if (faults > 0) knobs.alarmFaults[this.name] = faults - 1;
+    record("alarm", this.name, { retryCount, redelivery, storageFault: faults > 0 });
+    const end = this.begin();
+    this.storageFault = faults > 0;
     try {
       await this.py.alarm({ retryCount, isRetry: retryCount > 0 });
     } catch (err) {
-      console.error(`harness: alarm of ${this.name} failed:`, err);
-      if (retryCount < 2 && this.alarmAt === null) this.armAlarm(Date.now() + 1000 * 2 ** retryCount);
+      console.error(`harness: alarm of ${this.name} failed:`, String(err).split("\n")[0]);
+      if (!redelivery && this.alarmAt === null) {
+        if (retryCount < ALARM_MAX_RETRIES) {
+          this.armAlarm(Date.now() + ALARM_FIRST_BACKOFF_MS * 2 ** retryCount, retryCount + 1);
+        } else {
+          record("alarm.dropped", this.name, { retryCount });
+        }
+      }
       return false;
+    } finally {
+      this.storageFault = false;
+      end();
     }
     return true;
   }
 
+  // A request to the object. Its response counts as in flight until its last byte; a reset cuts it midway (the
+  // client's read fails), and one still waiting for its response fails with the reset's error.
   async fetch(request) {
-    record("object.fetch", this.name, { binding: this.kind.binding, path: new URL(request.url).pathname });
-    const response = await this.py.fetch(python.Request(request));
-    return response.js_object;
+    record("object.fetch", this.name, {
+      binding: this.kind.binding, path: new URL(request.url).pathname, bodyLength: lengthOf(request.body),
+    });
+    const end = this.begin();
+    const flight = {};
+    const cut = new Promise((_, reject) => (flight.reject = reject));
+    cut.catch(() => {});
+    flight.cut = (err) => {
+      flight.reject(err);
+      flight.controller?.abort(err);
+    };
+    this.flights.add(flight);
+    const finish = () => {
+      this.flights.delete(flight);
+      end();
+    };
+    let response;
+    try {
+      response = await Promise.race([this.py.fetch(python.Request(request)).then((r) => r.js_object), cut]);
+    } catch (err) {
+      finish();
+      throw err;
+    }
+    if (!response.body) {
+      finish();
+      return response;
+    }
+    const relay = new TransformStream();
+    flight.controller = new AbortController();
+    response.body.pipeTo(relay.writable, { signal: flight.controller.signal }).catch(() => {}).finally(finish);
+    return new Response(relay.readable, { status: response.status, headers: response.headers });
   }
 }
 
@@ -463,7 +811,8 @@ class DurableObjectNamespace {
           const body = canned.body.repeat(canned.repeat ?? 1) + (canned.suffix ?? "");
           return new Response(body, { status: canned.status, headers: { "content-type": canned.contentType } });
         }
-        return object.fetch(new Request(input, init?.body ? { ...init, duplex: "half" } : init));
+        const length = lengthOf(sourceBody(input, init));
+        return object.fetch(keepLength(length, new Request(input, init?.body ? { ...init, duplex: "half" } : init)));
       },
     };
   }
@@ -501,7 +850,28 @@ import sys, logging
 sys.path[:0] = ["/flarebox/src", "/flarebox/python_modules"]
 logging.basicConfig(level=logging.INFO, format="py %(name)s %(levelname)s %(message)s")
 `);
-const python = { entry: py.pyimport("entry"), Request: py.pyimport("workers").Request };
+// The WebCrypto cipher on its own (POST /__harness/cipher), so tests can hold it against the standalone one.
+py.runPython(`
+import base64, json
+from cloudflare.cipher import WebCryptoCipher
+
+async def harness_cipher(raw):
+    args = json.loads(raw)
+    cipher = WebCryptoCipher(args["key"])
+    if not cipher.available:
+        return json.dumps({"available": False})
+    run = cipher.seal if args["op"] == "seal" else cipher.open
+    try:
+        out = await run(base64.b64decode(args["data"]), base64.b64decode(args["aad"]))
+    except ValueError as err:
+        return json.dumps({"available": True, "error": str(err)})
+    return json.dumps({"available": True, "data": base64.b64encode(out).decode()})
+`);
+const python = {
+  entry: py.pyimport("entry"),
+  Request: py.pyimport("workers").Request,
+  cipher: py.globals.get("harness_cipher"),
+};
 
 // ---------------------------------------------------------------------------------------------------------------
 // HTTP: the Worker's fetch for everything, except the harness's own test routes.
@@ -513,23 +883,69 @@ async function admin(url, req) {
   const json = (obj, status = 200) => new Response(JSON.stringify(obj), { status, headers: { "content-type": "application/json" } });
   if (url.pathname === "/__harness/calls") return json(calls);
   if (url.pathname === "/__harness/knobs") {
-    Object.assign(knobs, JSON.parse(await new Response(Readable.toWeb(req)).text() || "{}"));
+    const values = JSON.parse(await new Response(Readable.toWeb(req)).text() || "{}");
+    if ("proxyHeadSeconds" in values) {
+      // protocol.limits.PROXY_HEAD_SECONDS inside Pyodide (read at each proxied request): 60 s is long for a test
+      py.runPython(`import protocol.limits; protocol.limits.PROXY_HEAD_SECONDS = ${Number(values.proxyHeadSeconds)}`);
+    }
+    if ("silenceSeconds" in values) {
+      // cloudflare.streams.SILENCE_SECONDS (read at each use): 3 heartbeats, 30 s, is long for a test; null puts
+      // the glue's own value back
+      const value = values.silenceSeconds === null ? "s._harness_default" : Number(values.silenceSeconds);
+      py.runPython(`import cloudflare.streams as s
+s.__dict__.setdefault("_harness_default", s.SILENCE_SECONDS)
+s.SILENCE_SECONDS = ${value}`);
+    }
+    Object.assign(knobs, values);
     return json(knobs);
+  }
+  if (url.pathname === "/__harness/cipher") {
+    // { op: "seal" | "open", key: SECRETS_KEY's text, data, aad (base64) } -> { available, data | error }
+    const raw = await new Response(Readable.toWeb(req)).text();
+    return new Response(await python.cipher(raw), { headers: { "content-type": "application/json" } });
   }
   if (url.pathname === "/__harness/advance") {
     // Move time forward and deliver every alarm that is now due, answering once their handlers finished.
+    // Idle objects are evicted first, as time passing would have (a due alarm then wakes a fresh instance).
     clockOffsetMs += Number(url.searchParams.get("ms"));
+    for (const o of namespace.objects.values()) {
+      if (o.evictable(Date.now())) {
+        const watched = o.monitorSince !== null && o.container?.running;
+        o.reset(watched ? "monitor keep-alive ended" : "idle", "harness: this object instance was evicted");
+      }
+    }
     const pending = [...namespace.objects.values()].filter((o) => o.alarmAt !== null);
     const due = pending.filter((o) => o.alarmAt <= Date.now());
-    for (const o of pending) if (!due.includes(o)) o.armAlarm(o.alarmAt); // their timers, on the new clock
+    for (const o of pending) if (!due.includes(o)) o.armAlarm(o.alarmAt, o.alarmRetry); // their timers, on the new clock
     const results = await Promise.all(due.map(async (o) => [o.name, await o.fireAlarm()]));
     return json({ fired: Object.fromEntries(results) });
+  }
+  if (url.pathname === "/__harness/platform") {
+    // the rules this harness keeps, for tests to hold against the platform's declarations
+    return json({
+      startOptions: START_OPTIONS, instanceTypes: [...INSTANCE_TYPES], snapshotRestoreFields: SNAPSHOT_RESTORE_FIELDS,
+      alarmMaxRetries: ALARM_MAX_RETRIES, alarmFirstBackoffMs: ALARM_FIRST_BACKOFF_MS,
+      monitorKeepaliveMs: MONITOR_KEEPALIVE_MS, idleEvictionMs: IDLE_EVICTION_MS, deployGraceMs: DEPLOY_GRACE_MS,
+      planBodyBytes: PLAN_BODY_BYTES,
+      silenceSeconds: py.runPython("import cloudflare.streams as s; s.SILENCE_SECONDS"), // the glue's, as it is now
+    });
+  }
+  if (url.pathname === "/__harness/deploy") {
+    // A new version of the Worker: each object instance running now is reset graceMs later (DEPLOY_GRACE_MS by
+    // default), cutting what it still has in flight; the next request constructs the new version's instance.
+    const grace = Number(url.searchParams.get("graceMs") ?? DEPLOY_GRACE_MS);
+    const running = [...namespace.objects.values(), ...directories.objects.values()].filter((o) => o.instance);
+    const generations = new Map(running.map((o) => [o, o.generation]));
+    record("harness.deploy", null, { graceMs: grace, objects: running.map((o) => o.name) });
+    setTimeout(() => {
+      for (const [o, generation] of generations) if (o.generation === generation) o.reset("deploy", RESET_BY_DEPLOY);
+    }, grace);
+    return json({ deployed: true, objects: running.map((o) => o.name) });
   }
   const object = name && objects.objects.get(name);
   if (!object) return json({ error: "unknown object" }, 404);
   if (url.pathname === "/__harness/evict") {
-    record("harness.evict", name);
-    object.instance = null;
+    object.reset("evicted by the test", "harness: this object instance was evicted");
     return json({ evicted: true });
   }
   if (!object.container) return json({ error: "the object has no container" }, 400);
@@ -542,10 +958,31 @@ async function admin(url, req) {
     object.container.start({ image: IMAGES.hermes, enableInternet: true });
     return json({ started: true });
   }
+  if (url.pathname === "/__harness/freeze" || url.pathname === "/__harness/thaw") {
+    return json({ frozen: object.container.freeze(url.pathname === "/__harness/freeze") });
+  }
   if (url.pathname === "/__harness/container") {
-    return json({ running: object.container.running, state: object.container.state, alarmAt: object.alarmAt });
+    const { running, state, inflight, frozen } = object.container;
+    // inflight: getTcpPort fetches not done; object: the object's own state
+    const { instance, generation, monitorSince } = object;
+    return json({
+      running, state, inflight, frozen: Boolean(frozen), alarmAt: object.alarmAt,
+      object: { constructed: instance !== null, generation, inflight: object.inflight, monitorSince },
+    });
   }
   return json({ error: "unknown harness route" }, 404);
+}
+
+// A chunked request body is cut (the Worker's read fails) once more than `limit` bytes came.
+function atMost(limit) {
+  let seen = 0;
+  return new TransformStream({
+    transform(chunk, controller) {
+      seen += chunk.byteLength;
+      if (seen > limit) throw new Error(`the request body is over the plan's ${limit}-byte limit`);
+      controller.enqueue(chunk);
+    },
+  });
 }
 
 async function worker(request) {
@@ -561,15 +998,31 @@ const server = http.createServer(async (req, res) => {
     if (url.pathname.startsWith("/__harness/")) {
       response = await admin(url, req);
     } else {
+      // Cloudflare's front line: a body over the plan's limit is refused (413, Cloudflare's own page) before the
+      // Worker runs; one of unknown length (chunked) fails once past the limit.
+      const declared = req.headers["transfer-encoding"] === undefined && req.headers["content-length"] !== undefined
+        ? Number(req.headers["content-length"]) : null;
+      if (declared !== null && declared > knobs.planBodyBytes) {
+        record("harness.bodyTooLarge", null, { declared, limit: knobs.planBodyBytes });
+        res.writeHead(413, { "content-type": "text/html", connection: "close" });
+        res.end("<html><head><title>413 Request Entity Too Large</title></head><body>cloudflare</body></html>");
+        return;
+      }
       const headers = new Headers();
       for (let i = 0; i < req.rawHeaders.length; i += 2) headers.append(req.rawHeaders[i], req.rawHeaders[i + 1]);
+      headers.set("cf-connecting-ip", req.socket.remoteAddress); // as Cloudflare: the client's, replacing a sent one
       const hasBody = !["GET", "HEAD"].includes(req.method);
+      let body = hasBody ? Readable.toWeb(req) : undefined;
+      if (hasBody && declared === null) body = body.pipeThrough(atMost(knobs.planBodyBytes));
       const request = new Request(`http://${req.headers.host ?? "127.0.0.1"}${req.url}`, {
         method: req.method,
         headers,
-        body: hasBody ? Readable.toWeb(req) : undefined,
+        body,
         duplex: hasBody ? "half" : undefined,
       });
+      // the client's Content-Length gives the body a known length (unless a test says otherwise: bodyLengthKnown)
+      if (hasBody && declared !== null && knobs.bodyLengthKnown) keepLength(declared, request);
+      record("worker.fetch", null, { method: req.method, path: url.pathname, bodyLength: lengthOf(request.body) });
       response = await worker(request);
     }
   } catch (err) {
@@ -586,7 +1039,8 @@ const server = http.createServer(async (req, res) => {
     for (;;) {
       const { done, value } = await reader.read();
       if (done) break;
-      res.write(value);
+      // the client's pace: a client that does not read holds the response back (backpressure), as on Cloudflare
+      if (!res.write(value)) await new Promise((resolve) => res.once("drain", resolve).once("close", resolve));
     }
     res.end();
   } catch (err) {

@@ -365,3 +365,15 @@ def test_a_stale_running_container_is_replaced_not_reused(harness, client):
     assert output_of(events) == "saved\n"
     assert len(harness.calls(key, "container.destroy")) == before + 1
     assert harness.calls(key, "container.start")[-1]["containerSnapshot"] is not None
+
+
+def test_without_secrets_key_a_secret_is_refused_and_nothing_stored(harness, client):
+    # this module's harness sets no SECRETS_KEY: the WebCrypto cipher is unavailable
+    assert "SECRETS_KEY" not in harness.vars
+    create(client, "no-secrets")
+    resp = client.put(ws_path("no-secrets") + "/secrets/API_KEY", json={"value": "sk-never-stored"})
+    assert resp.status_code == 503, resp.text
+    assert resp.json()["error"]["code"] == "secrets_unavailable"
+    assert "sk-never-stored" not in resp.text
+    listed = client.get(ws_path("no-secrets") + "/secrets")
+    assert listed.status_code == 200 and listed.json() == {"secrets": []}

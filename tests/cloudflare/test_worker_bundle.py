@@ -27,7 +27,7 @@ def dry_run(tmp_path_factory):
         "CI": "true",
         "HOME": str(tmp_path_factory.mktemp("home")),  # wrangler's logs and settings stay out of the real home
     }
-    for secret in ("CLOUDFLARE_API_TOKEN", "CLOUDFLARE_ACCOUNT_ID", "SANDBOX_API_TOKEN"):
+    for secret in ("CLOUDFLARE_API_TOKEN", "CLOUDFLARE_ACCOUNT_ID", "SANDBOX_API_TOKEN", "SECRETS_KEY"):
         env.pop(secret, None)
     proc = subprocess.run(
         [str(NPX / "wrangler"), "deploy", "--dry-run", "--containers-rollout=none", "--outdir", str(out)],
@@ -53,6 +53,7 @@ def test_bundle_holds_the_worker_and_its_packages(dry_run):
         "durable/ports.py",
         "cloudflare/host.py",
         "cloudflare/container.py",
+        "cloudflare/cipher.py",
         "cloudflare/directory_host.py",
         "directory/directory.py",
         "directory/store.py",
@@ -93,6 +94,7 @@ def test_config_declares_the_objects_the_container_and_vars(dry_run):
     assert config["containers"][0]["images"]["hermes"]["dockerfile"] == "container/Dockerfile"
     assert (REPO / "container" / "Dockerfile").exists()
     assert "SANDBOX_API_TOKEN" not in config["vars"]  # a secret, never a var
+    assert "SECRETS_KEY" not in config["vars"]  # nor the key that seals workspace secrets
     for name in (
         "IDLE_SECONDS",
         "ENABLE_INTERNET",

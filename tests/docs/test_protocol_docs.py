@@ -18,7 +18,7 @@ from jsonschema import Draft202012Validator
 from openapi_spec_validator import validate as validate_openapi
 
 from directory.directory import Directory
-from durable.ports import Response
+from durable.ports import Response, SnapshotInfo
 from durable.settings import SETTING_VARS, Settings
 from protocol import (
     ERRORS,
@@ -131,6 +131,24 @@ def operations(spec: dict) -> set[tuple[str, str]]:
     return {(method.upper(), path) for path, item in spec["paths"].items() for method in item if method in HTTP_METHODS}
 
 
+def route_template(spec: dict, path: str) -> str:
+    """The OpenAPI path a curl example's path stands for: itself when the spec has it, else the one template it
+    fills in — a service or secret name, a port, and `{path}` (the proxied rest of the path, any number of
+    segments, possibly none)."""
+    if path in spec["paths"]:
+        return path
+    matches = []
+    for template in spec["paths"]:
+        parts = re.split(r"(\{[a-z_]+\})", template)
+        pattern = "".join(
+            ".*" if part == "{path}" else "[^/]+" if part.startswith("{") else re.escape(part) for part in parts
+        )
+        if re.fullmatch(pattern, path):
+            matches.append(template)
+    assert len(matches) <= 1, f"{path} fills in several routes: {matches}"
+    return matches[0] if matches else path
+
+
 def code_routes() -> dict[tuple[str, str], Endpoint | DeploymentEndpoint]:
     """(method, OpenAPI path) → endpoint, for every route of src/worker/routes.py."""
     routes: dict[tuple[str, str], Endpoint | DeploymentEndpoint] = {}
@@ -144,8 +162,9 @@ def code_routes() -> dict[tuple[str, str], Endpoint | DeploymentEndpoint]:
 
 
 def doc_route(span: str) -> tuple[str, str] | None:
-    """`POST W/exec` or `DELETE /v1/keys/{key_id}` (a code span of protocol.md) as (method, OpenAPI path)."""
-    match = re.fullmatch(r"(GET|PUT|POST|DELETE) (W|/v1)(\S*)", span)
+    """`POST W/exec` or `DELETE /v1/keys/{key_id}` (a code span of protocol.md) as (method, OpenAPI path). The port
+    proxies also take HEAD, PATCH and OPTIONS."""
+    match = re.fullmatch(r"(GET|HEAD|PUT|POST|PATCH|DELETE|OPTIONS) (W|/v1)(\S*)", span)
     if not match:
         return None
     return match.group(1), (W if match.group(2) == "W" else "/v1") + match.group(3)
@@ -351,6 +370,7 @@ def test_every_curl_example_route_exists_and_every_route_has_one(doc, spec):
             assert url, f"curl example without $W or $FLAREBOX_URL: {command}"
             path = (W if url.group(1) == "W" else "") + url.group(2)
             path = path.replace("$RID", "{request_id}").replace("$KEY_ID", "{key_id}")
+            path = route_template(spec, path)
             explicit = re.search(r"-X (\w+)", command)
             sends_body = re.search(r"(^| )(-d|--data-binary|--data) ", command) and " -G " not in command
             method = explicit.group(1) if explicit else ("POST" if sends_body else "GET")
@@ -470,17 +490,29 @@ def test_event_types_phases_states_and_reasons_match_protocol_events(spec):
 
 def test_events_the_code_emits_match_the_schema(spec):
     schema = schema_validator(spec, "ExecEvent")
-    snapshot = {"id": "snap-1", "created_at": "2026-11-29T09:00:00.000Z", "size": 10}
+    standalone = SnapshotInfo("s-1764406800123-9f2c1a", 10, 1_764_406_800_123).to_wire()  # expires_at: null
+    cloudflare = SnapshotInfo("snap-1", 0, 1_764_406_800_123, 1_764_406_800_123 + 30 * 86_400_000).to_wire()
     emitted = [heartbeat_event(), output_event("héllo ✓\n", 0), output_event("x" * 16384, 7)]
     emitted += [status_event(phase) for phase in ev.STATUS_PHASES] + [status_event("restoring", "from snap-1")]
     emitted += [started_event(RID, state) for state in ev.CONTAINER_STATES]
-    emitted += [started_event(RID, "restored", snapshot)]
+    emitted += [started_event(RID, "restored", snapshot) for snapshot in (standalone, cloudflare)]
     emitted += [
         exit_event(code, reason, 12)
         for reason, code in (("exited", 0), ("exited", 255), ("timeout", 124), ("cancelled", 130), ("signal", 137))
     ]
     for event in emitted:
         schema.validate(json.loads(ev.encode_event(event)))
+
+
+def test_snapshot_objects_the_code_answers_match_the_schema(spec):
+    standalone = SnapshotInfo("s-1764406800123-9f2c1a", 10, 1_764_406_800_123).to_wire()
+    cloudflare = SnapshotInfo("snap-1", 0, 1_764_406_800_123, 1_764_406_800_123 + 30 * 86_400_000).to_wire()
+    assert standalone["expires_at"] is None and cloudflare["expires_at"] == "2025-12-29T09:00:00.123Z"
+    for snap in (standalone, cloudflare):
+        schema_validator(spec, "Snapshot").validate(snap)
+    schema_validator(spec, "SnapshotList").validate({"snapshots": [cloudflare, standalone]})
+    without = {k: v for k, v in standalone.items() if k != "expires_at"}
+    assert not schema_validator(spec, "Snapshot").is_valid(without)  # always there, null when it never expires
 
 
 @pytest.mark.parametrize(
@@ -798,7 +830,8 @@ def test_every_setting_is_in_the_doc_table_with_its_default(doc):
             assert cells[2], f"{name} needs a meaning"
             default = re.match(r"`([^`]*)`", cells[1])
             documented[name] = default.group(1) if default else None
-    assert set(documented) == {"SANDBOX_API_TOKEN", *SETTING_VARS}
+    # the two secrets (wrangler secret put), not vars of Settings: the token, and the key that seals workspace secrets
+    assert set(documented) == {"SANDBOX_API_TOKEN", "SECRETS_KEY", *SETTING_VARS}
     defaults = Settings.from_vars({})
     for name in SETTING_VARS:
         assert documented[name] == _setting_value(getattr(defaults, name.lower())), name

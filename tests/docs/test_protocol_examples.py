@@ -300,6 +300,36 @@ def test_the_documents_curl_examples_work_as_printed(walk):
     assert stopped["state"] == "stopped" and stopped["running"] is False
     assert exec_output(walk, "cat /workspace/data/data.csv") == "a,b\n1,2\n"
 
+    # §6.19 a service, §6.21 a crash loop's log, §6.22 the port proxy, §6.23 the key-resolved proxy, §6.24 secrets
+    (define,) = sh_blocks("6.19")
+    written, defined, listed = json_values(walk.run(define))
+    schema("FileWritten").validate(written)
+    schema("Service").validate(defined)
+    schema("ServiceList").validate(listed)
+    (broken,) = sh_blocks("6.21")
+    put, *log, deleted = json_values(walk.run(broken))
+    schema("Service").validate(put)
+    for event in log:
+        schema("ServiceLogEvent").validate(event)
+    assert log[-1]["type"] == "service" and log[-1]["state"] == "failed" and log[-1]["restarts"] == 4
+    assert deleted == {"name": "broken", "deleted": True}
+    (ports,) = sh_blocks("6.22")
+    out = walk.run(ports)
+    echoed = json_values(re.sub(r"HTTP/1.1 [^\n]*\n(?:[^\n]*\S[^\n]*\n)*\r?\n", "", out))
+    assert [e.get("method") for e in echoed[:-1]] == ["GET", "POST", "PUT", "PATCH", "DELETE", "OPTIONS"]
+    assert "authorization" not in echoed[0]["headers"] and echoed[0]["headers"]["cookie"] == "theme=dark"
+    assert echoed[0]["headers"]["x-forwarded-for"] != "6.6.6.6"
+    assert echoed[-1]["error"]["code"] == "path_not_allowed"
+    (by_key,) = sh_blocks("6.23")
+    out = walk.run(by_key)
+    answers = json_values(re.sub(r"HTTP/1.1 [^\n]*\n(?:[^\n]*\S[^\n]*\n)*\r?\n", "", out))
+    assert all(a["headers"]["x-forwarded-prefix"] == "/v1/proxy" for a in answers[:-2])
+    assert [a["error"]["code"] for a in answers[-2:]] == ["path_not_allowed", "forbidden"]
+    (secrets,) = sh_blocks("6.24")
+    stored, listed, *rest = json_values(walk.run(secrets))
+    schema("Secret").validate(stored)
+    assert listed == {"secrets": [stored]}
+    assert "sk-example-0123456789" not in json.dumps([stored, listed, *rest])
     # §6.5 delete, after which the workspace is unknown
     assert json.loads(walk.run(sh_blocks("6.5")[0])) == {"deleted": True}
     gone = httpx.get(w, headers=walk.auth())

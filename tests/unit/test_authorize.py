@@ -6,8 +6,8 @@ import itertools
 import pytest
 
 from protocol.keys import SCOPES
-from worker.authorize import ADMIN, ADMIN_ONLY, ANY_SCOPE, Principal, allows, may_list
-from worker.routes import DEPLOYMENT_ROUTES, WORKSPACE_ROUTES
+from worker.authorize import ADMIN, ADMIN_ONLY, ANY_SCOPE, Principal, allows, may_list, proxy_target
+from worker.routes import DEPLOYMENT_ROUTES, PROXY_METHODS, WORKSPACE_ROUTES
 
 NEEDS = [ADMIN_ONLY, ANY_SCOPE, *SCOPES]
 TARGETS = [("ns", "ws"), ("ns", "other"), ("elsewhere", "ws"), ("ns", None), ("elsewhere", None), (None, None)]
@@ -19,11 +19,14 @@ def principals():
         for scopes in itertools.combinations(SCOPES, size):
             yield Principal("k1", "one", "ns", "ws", frozenset(scopes))  # one workspace
             yield Principal("k2", "all", "ns", None, frozenset(scopes))  # the whole namespace
+            yield Principal("k3", "svc", "ns", "ws", frozenset(scopes), service="web")  # one service's proxy
 
 
 def expected(p: Principal, need, namespace, workspace) -> bool:
     if p.key_id is None:
         return True
+    if p.service is not None:  # it opens /v1/proxy (proxy_target) and no route that allows() decides
+        return False
     if need is None:
         return False
     if need != "*" and need not in p.scopes:
@@ -64,7 +67,18 @@ def test_every_workspace_route_needs_the_scope_the_protocol_names():
         (("snapshot",), "POST"): "snapshots",
         (("snapshots",), "GET"): "snapshots",
         (("stop",), "POST"): "snapshots",
+        (("services",), "GET"): "manage",
+        (("services", "{service}"), "PUT"): "manage",
+        (("services", "{service}"), "DELETE"): "manage",
+        (("services", "{service}", "logs"), "GET"): "manage",
+        (("secrets",), "GET"): "manage",
+        (("secrets", "{secret}"), "PUT"): "manage",
+        (("secrets", "{secret}"), "DELETE"): "manage",
+        **{(("ports", "{port}", "{path}"), method): "proxy" for method in PROXY_METHODS},
     }
+    assert {method: e.need for method, e in DEPLOYMENT_ROUTES[("proxy", "{path}")].items()} == dict.fromkeys(
+        PROXY_METHODS, "proxy"
+    )
 
 
 def test_what_changes_or_runs_something_is_audited_and_nothing_else():
@@ -82,6 +96,10 @@ def test_what_changes_or_runs_something_is_audited_and_nothing_else():
         (("files",), "PUT"),
         (("snapshot",), "POST"),
         (("stop",), "POST"),
+        (("services", "{service}"), "PUT"),
+        (("services", "{service}"), "DELETE"),
+        (("secrets", "{secret}"), "PUT"),
+        (("secrets", "{secret}"), "DELETE"),
         (("keys",), "POST"),
         (("keys", "{key}"), "DELETE"),
     }
@@ -99,6 +117,8 @@ def test_what_changes_or_runs_something_is_audited_and_nothing_else():
         (Principal("k", "", "ns", "ws", frozenset({"exec"})), "other", None, False),
         (Principal("k", "", "ns", None, frozenset({"exec"})), "ns", "any", True),
         (Principal("k", "", "ns", None, frozenset({"exec"})), "other", "any", False),
+        (Principal("k", "", "ns", "ws", frozenset({"proxy"}), service="web"), "ns", "ws", False),
+        (Principal("k", "", "ns", "ws", frozenset({"proxy"}), service="web"), None, None, False),
     ],
 )
 def test_listing_names_nothing_beyond_the_reach(principal, namespace, workspace, ok):
@@ -111,3 +131,17 @@ def test_the_admin_covers_everything_and_a_principal_is_frozen():
     assert ADMIN.covers("any", "thing") and ADMIN.covers(None, None)
     with pytest.raises(dataclasses.FrozenInstanceError):
         Principal("k", "", "ns").scopes = frozenset(SCOPES)  # type: ignore[misc]
+
+
+@pytest.mark.parametrize(
+    "principal,target",
+    [
+        (Principal("k", "", "ns", "ws", frozenset({"proxy"}), service="web"), ("ns", "ws", "web")),
+        (ADMIN, None),  # the token names no service
+        (Principal("k", "", "ns", "ws", frozenset({"proxy"})), None),  # a workspace's proxy key: …/ports/ only
+        (Principal("k", "", "ns", "ws", frozenset({"exec"}), service="web"), None),  # no proxy scope
+        (Principal("k", "", "ns", None, frozenset({"proxy"}), service="web"), None),  # no one workspace
+    ],
+)
+def test_the_key_resolved_proxy_opens_exactly_the_service_the_key_names(principal, target):
+    assert proxy_target(principal) == target

@@ -12,7 +12,7 @@ CONFIG = {"image": "hermes", "instance": "lite", "persistent": True, "cwd": "/wo
 
 
 def status(state):
-    return state.status_object("ns", "ws", running=False, busy=False)
+    return state.status_object("ns", "ws", running=False, busy=False, now_ms=0)
 
 
 def test_touch_moves_the_last_activity_time_and_nothing_else(store):

@@ -73,8 +73,9 @@ def test_snapshots_newest_first_and_status_object(store):
     state.add_snapshot(SnapshotInfo("c", 30, 3_000))
     assert [s.id for s in state.snapshots()] == ["c", "b", "a"]
     state.remove_snapshot("c")
-    status = state.status_object("ns", "ws", running=False, busy=False)
-    assert status["last_snapshot"] == {"id": "b", "created_at": "1970-01-01T00:00:02.000Z", "size": 20}
+    status = state.status_object("ns", "ws", running=False, busy=False, now_ms=5_000)
+    last = {"id": "b", "created_at": "1970-01-01T00:00:02.000Z", "size": 20, "expires_at": None}
+    assert status["last_snapshot"] == last
     assert status["created_at"] == "2023-11-14T22:13:20.123Z"
     assert list(status) == [
         "namespace",

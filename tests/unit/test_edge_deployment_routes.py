@@ -13,7 +13,7 @@ from protocol import limits
 from protocol.errors import ProtocolError
 from worker.edge import Edge
 from worker.request import EdgeRequest
-from worker.routes import DEPLOYMENT_ROUTES, DeploymentEndpoint, match
+from worker.routes import DEPLOYMENT_ROUTES, PROXY_METHODS, DeploymentEndpoint, match
 
 RID = "0" * 32
 STATUS = Response.json(200, {"state": "running"})
@@ -66,6 +66,7 @@ def test_the_deployment_routes_are_exactly_these():
         (("keys", "{key}"), "DELETE"): ("revoke_key", None, True),
         (("workspaces",), "GET"): ("list_workspaces", "*", False),
         (("audit",), "GET"): ("list_audit", "manage", False),
+        **{(("proxy", "{path}"), m): ("proxy", "proxy", False) for m in PROXY_METHODS},
     }
     with pytest.raises(dataclasses.FrozenInstanceError):
         DEPLOYMENT_ROUTES[("audit",)]["GET"].need = None  # type: ignore[misc]
@@ -113,6 +114,7 @@ async def test_minting_answers_the_key_and_audits_its_target_without_the_secret(
         "namespace",
         "workspace",
         "scopes",
+        "service",
         "created_at",
         "expires_at",
         "last_used_at",

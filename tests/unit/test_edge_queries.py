@@ -165,10 +165,11 @@ async def test_exec_without_a_json_content_type_is_refused_unread(edge, headers,
 @pytest.mark.parametrize("route", ["cancel", "reattach"])
 async def test_a_request_id_route_without_its_id_is_not_found(route):
     from worker import prepare
+    from worker.request import PathParams
 
     req = EdgeRequest("POST", W, "", auth(), Body())
     with pytest.raises(ProtocolError) as info:
-        await getattr(prepare, route)(req, None, SETTINGS)
+        await getattr(prepare, route)(req, PathParams(), SETTINGS)
     assert info.value.code == "not_found"
 
 

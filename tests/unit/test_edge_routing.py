@@ -74,6 +74,7 @@ async def test_exec_passes_the_normalized_request(edge):
             "login": False,
             "cwd": None,
             "env": {"A": "1"},
+            "secrets": (),
         }
     }
 

@@ -11,6 +11,7 @@ from test_workspace import Env
 from durable import operations
 from durable.operations import OPERATIONS
 from protocol.errors import ProtocolError
+from protocol.services import parse_service
 from protocol.validate import parse_exec_request, parse_workspace_config
 from worker.routes import WORKSPACE_ROUTES
 
@@ -51,8 +52,8 @@ def test_argument_types_are_frozen_dataclasses():
         assert operation.args.__dataclass_params__.frozen, operation.name
 
 
-def test_only_uploads_stream_their_body():
-    assert [op.name for op in OPERATIONS.values() if op.streams_body] == ["write_file"]
+def test_only_uploads_and_the_proxy_stream_their_body():
+    assert [op.name for op in OPERATIONS.values() if op.streams_body] == ["write_file", "proxy"]
 
 
 RID = "0" * 32
@@ -60,11 +61,21 @@ RID = "0" * 32
 EXAMPLES = [
     operations.NoArgs(),
     operations.PutConfigArgs(parse_workspace_config({"instance": "lite", "persistent": False})),
-    operations.ExecArgs(parse_exec_request({"request_id": RID, "command": "echo é", "env": {"A": "1"}})),
+    operations.ExecArgs(
+        parse_exec_request({"request_id": RID, "command": "echo é", "env": {"A": "1"}, "secrets": ["KEY"]})
+    ),
     operations.ReattachArgs(RID, 17),
     operations.CancelArgs(RID),
     operations.ReadFileArgs("/workspace/ä b"),
     operations.WriteFileArgs("/workspace/x", 0o755, 12),
+    operations.PutServiceArgs(
+        "web", parse_service({"command": "serve", "port": 3000, "allow_paths": ["/v1"]}).to_json()
+    ),
+    operations.ServiceArgs("web"),
+    operations.ServiceLogsArgs("web", 10),
+    operations.SecretArgs("API_KEY"),
+    operations.PutSecretArgs("API_KEY", "sk-é"),
+    operations.ProxyArgs("POST", "/v1/chat", "a=1", {"content-type": "application/json"}, port=3000),
 ]
 
 

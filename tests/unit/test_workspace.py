@@ -11,6 +11,7 @@ from workspace_doubles import FakeContainer, ListStreams, ManualClock, MemorySto
 from durable import operations
 from durable.settings import Settings
 from durable.workspace import Workspace
+from standalone.cipher import AesGcmCipher
 
 pytestmark = pytest.mark.timeout(30)
 
@@ -45,6 +46,7 @@ class Env:
             clock=self.clock,
             container=self.container,
             streams=self.streams,
+            cipher=AesGcmCipher(bytes(32)),
         )
 
     async def call(self, op, args=None, body=None):
@@ -535,7 +537,8 @@ async def test_snapshot_requires_persistence_and_survives_failure(env):
     assert code(await env2.call("snapshot")) == (503, "snapshot_failed")
     assert env2.state == "running" and env2.container.running()
     snap = body(await env2.call("snapshot"))
-    assert set(snap) == {"id", "created_at", "size"} and ISO.match(snap["created_at"])
+    assert set(snap) == {"id", "created_at", "size", "expires_at"} and ISO.match(snap["created_at"])
+    assert snap["expires_at"] is None  # the doubles' snapshots never expire unless a test says so
     assert body(await env2.call("get"))["last_snapshot"] == snap
 
 

@@ -100,6 +100,9 @@ class ListSink:
     async def close(self) -> None:
         self.closed = True
 
+    async def abort(self) -> None:
+        self.closed = self.aborted = True
+
     def events(self) -> list[dict]:
         return [json.loads(line) for line in self.data.decode().splitlines()]
 
@@ -118,6 +121,7 @@ class Reply:
     def __init__(self, status, body=b"", headers=None):
         self.status = status
         self.headers = headers or {}
+        self.header_pairs = list(self.headers.items())
         self.body = body  # bytes, or an async iterator of bytes (an opaque stream to the workspace)
 
     async def read(self, limit: int = CONTROL_BODY_BYTES) -> bytes:
@@ -166,6 +170,10 @@ class FakeContainer:
         self.fail_snapshots = 0
         self.snapshot_error: Exception = ProtocolError("snapshot_failed")
         self.snapshot_gate: asyncio.Event | None = None
+        # The platform's snapshot lifetime, counted from the snapshot or its last restore (Cloudflare: 30 days); None:
+        # snapshots never expire (standalone). `alive_from` is the platform's own clock of each, not the workspace's.
+        self.snapshot_lifetime_ms: int | None = None
+        self.alive_from: dict[str, int] = {}
         self.deleted_snapshots: list[str] = []
         self.destroys = 0
         self.execs: list[dict] = []
@@ -175,6 +183,9 @@ class FakeContainer:
         self.holds: dict[str, asyncio.Event] = {}
         self.syncs = 0
         self.answers: dict[tuple[str, str], Reply] = {}  # (method, path without query) → served instead of the route
+        self.services: dict[str, dict] = {}  # what the supervisor was told to run (its supervised bodies)
+        self.port_calls: list[tuple] = []  # (port, method, path, headers)
+        self.port_answers: dict[int, Reply] = {}  # port → its answer; a port without one: nothing listens
         self._n = 0
 
     # --- ports.Container ---
@@ -194,7 +205,10 @@ class FakeContainer:
         if spec.snapshot_id is not None:
             if spec.snapshot_id in self.damaged:
                 raise ProtocolError("snapshot_damaged")
+            if self._expired(spec.snapshot_id):  # as Cloudflare: the restore of an expired snapshot fails
+                raise ProtocolError("container_unavailable", "the container could not be started")
             self.disk = dict(self.snapshots[spec.snapshot_id])
+            self.alive_from[spec.snapshot_id] = self.clock.now_ms()  # a restore renews its life
         elif self.disk is None:
             self.disk = {}
         self.up = True
@@ -210,7 +224,16 @@ class FakeContainer:
         self._n += 1
         sid = f"snap-{self._n}"
         self.snapshots[sid] = dict(self.disk)
-        return SnapshotInfo(sid, 100 + self._n, self.clock.now_ms())
+        now = self.clock.now_ms()
+        self.alive_from[sid] = now
+        return SnapshotInfo(sid, 100 + self._n, now, self.snapshot_expiry(now))
+
+    def snapshot_expiry(self, alive_from_ms) -> int | None:
+        return None if self.snapshot_lifetime_ms is None else alive_from_ms + self.snapshot_lifetime_ms
+
+    def _expired(self, sid) -> bool:
+        expiry = self.snapshot_expiry(self.alive_from.get(sid, self.clock.now_ms()))
+        return expiry is not None and self.clock.now_ms() >= expiry
 
     async def delete_snapshot(self, snapshot_id) -> None:
         self.deleted_snapshots.append(snapshot_id)
@@ -234,6 +257,14 @@ class FakeContainer:
     def release(self, rid: str) -> None:
         self.holds[rid].set()
 
+    async def fetch_port(self, port, method, path, *, body=None, headers=None):
+        if not self.up:
+            raise ContainerGone()
+        self.port_calls.append((port, method, path, dict(headers or {})))
+        if port not in self.port_answers:
+            raise ProtocolError("upstream_unavailable")
+        return self.port_answers[port]
+
     # --- the supervisor routes ---
     async def fetch(self, method, path, *, body=None, headers=None, timeout=None):
         if not self.up:
@@ -241,6 +272,8 @@ class FakeContainer:
         url = urlsplit(path)
         if (method, url.path) in self.answers:
             return self.answers[(method, url.path)]
+        if url.path.startswith("/services"):
+            return self._services(method, url.path.split("/")[2:], body)
         q = {k: v[0] for k, v in parse_qs(url.query).items()}
         parts = url.path.strip("/").split("/")
         if (method, url.path) == ("GET", "/health"):
@@ -280,6 +313,26 @@ class FakeContainer:
             self.disk[q["path"]] = data
             self.last_write_query = q
             return _json(200, {"path": q["path"], "size": len(data)})
+        return _json(404, error_body("not_found"))
+
+    def _services(self, method, parts, body):
+        def obj(name):
+            return {"name": name, "state": "running", "restarts": 0, "pid": 7, "started_at": None, "last_exit": None}
+
+        if method == "PUT" and not parts:
+            self.services = json.loads(body)["services"]
+            return _json(200, {"services": [obj(n) for n in sorted(self.services)]})
+        if method == "GET" and not parts:
+            return _json(200, {"services": [obj(n) for n in sorted(self.services)]})
+        if method == "PUT" and len(parts) == 1:
+            self.services[parts[0]] = json.loads(body)
+            return _json(200, obj(parts[0]))
+        if method == "DELETE" and len(parts) == 1:
+            if self.services.pop(parts[0], None) is None:
+                return _json(404, error_body("service_not_found"))
+            return _json(200, {"name": parts[0], "deleted": True})
+        if method == "GET" and parts[1:] == ["ready"]:
+            return _json(200, {"ready": True, "service": obj(parts[0])})
         return _json(404, error_body("not_found"))
 
     def _exec(self, req):

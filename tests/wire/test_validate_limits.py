@@ -118,7 +118,7 @@ def test_defaults_of_the_typed_requests():
 
 
 def test_to_json_carries_every_field():
-    request = ExecRequest(RID, "x", 5.5, "in", True, "/srv", {"A": "1"})
+    request = ExecRequest(RID, "x", 5.5, "in", True, "/srv", {"A": "1"}, ("TOKEN",))
     assert request.to_json() == {
         "request_id": RID,
         "command": "x",
@@ -127,6 +127,7 @@ def test_to_json_carries_every_field():
         "login": True,
         "cwd": "/srv",
         "env": {"A": "1"},
+        "secrets": ["TOKEN"],
     }
     assert WorkspaceConfig("py", "lite", False, "/w").to_json() == {
         "image": "py",
@@ -134,3 +135,18 @@ def test_to_json_carries_every_field():
         "persistent": False,
         "cwd": "/w",
     }
+
+
+def test_secrets_join_env_without_clashing_or_passing_the_variable_limit():
+    from protocol.services import parse_service
+
+    env = {f"V{i}": "x" for i in range(limits.MAX_ENV_VARS)}
+    for parse, body in (
+        (parse_exec_request, {"request_id": RID, "command": "x"}),
+        (parse_service, {"command": "x", "port": 3000}),
+    ):
+        with pytest.raises(ProtocolError, match="more than"):
+            parse({**body, "env": env, "secrets": ["KEY"]})
+        with pytest.raises(ProtocolError, match="both in env and in secrets"):
+            parse({**body, "env": {"KEY": "1"}, "secrets": ["KEY"]})
+        assert parse({**body, "env": dict(list(env.items())[:-1]), "secrets": ["KEY"]})

@@ -1,0 +1,56 @@
+"""Request and response helpers shared by the supervisor's routes: JSON bodies, query checks, NDJSON streams."""
+
+import json
+
+from aiohttp import web
+
+from flarebox_supervisor.stream import follow
+from protocol import limits
+from protocol.errors import ProtocolError
+from protocol.validate import _json_depth, _unique_keys, parse_json_object
+
+
+def _check_json(request: web.Request, max_bytes: int) -> None:
+    if request.content_type != "application/json":  # parameters such as charset are allowed, as on the public API
+        raise ProtocolError("unsupported_media_type")
+    if request.content_length is not None and request.content_length > max_bytes:
+        raise ProtocolError("payload_too_large")
+
+
+async def read_json(request: web.Request) -> dict:
+    _check_json(request, limits.MAX_BODY_BYTES)
+    return parse_json_object(await request.read())  # over client_max_size: HTTP 413 → payload_too_large
+
+
+async def read_large_json(request: web.Request, max_bytes: int) -> dict:
+    """A JSON object body allowed to be larger than MAX_BODY_BYTES (services: their env carries secrets' values)."""
+    _check_json(request, max_bytes)
+    body = await request.clone(client_max_size=max_bytes).read()
+    if _json_depth(body) > limits.MAX_JSON_DEPTH:
+        raise ProtocolError("invalid_json", f"objects and arrays nest deeper than {limits.MAX_JSON_DEPTH} levels")
+    try:
+        value = json.loads(body.decode("utf-8"), object_pairs_hook=_unique_keys)
+    except (UnicodeDecodeError, ValueError):
+        raise ProtocolError("invalid_json") from None
+    if not isinstance(value, dict):
+        raise ProtocolError("invalid_json")
+    return value
+
+
+def no_query(request: web.Request, allowed: frozenset = frozenset()) -> None:
+    for key in request.query:
+        if key not in allowed or len(request.query.getall(key)) > 1:
+            raise ProtocolError("invalid_query", f"unexpected query parameter {key!r}")
+
+
+async def stream_journal(request: web.Request, journal, offset: int) -> web.StreamResponse:
+    """Follow a journal (or a service's log) from `offset` as NDJSON until its terminal event."""
+    response = web.StreamResponse(headers={"Content-Type": "application/x-ndjson", "Cache-Control": "no-store"})
+    await response.prepare(request)
+    try:
+        async for chunk in follow(journal, offset, request.app["settings"].heartbeat_seconds):
+            await response.write(chunk)
+        await response.write_eof()
+    except ConnectionResetError:
+        pass  # the client went away; what it followed keeps running and can be followed again from an offset
+    return response
