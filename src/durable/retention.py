@@ -4,6 +4,10 @@ Keeps the newest snapshot in each 5-minute slot of the last 2 hours, in each hou
 in each of the 5 newest UTC days and in each of the 5 newest ISO weeks that have a snapshot — and always the
 newest snapshot overall. Slots are aligned to the epoch (not to `now`), so a slot's keeper does not change as
 time passes; it only ages out of the window.
+
+An expired snapshot (`SnapshotInfo.expired`: Cloudflare deletes one 30 days after it was made or last restored) is
+gone whatever the policy says: it is never kept and never counted — it takes no day's or week's place, and the
+newest snapshot kept is the newest one still alive. So on Cloudflare the weekly slots reach back 30 days at most.
 """
 
 from collections.abc import Iterable
@@ -44,8 +48,8 @@ def _newest_per(snapshots: list[SnapshotInfo], key) -> dict[int, SnapshotInfo]:
 
 
 def keep(snapshots: Iterable[SnapshotInfo], now_ms: int) -> set[str]:
-    """The ids of the snapshots to keep."""
-    snaps = list(snapshots)
+    """The ids of the snapshots to keep (none of them expired at `now_ms`)."""
+    snaps = [s for s in snapshots if not s.expired(now_ms)]
     if not snaps:
         return set()
     kept: set[str] = set()
@@ -57,12 +61,12 @@ def keep(snapshots: Iterable[SnapshotInfo], now_ms: int) -> set[str]:
     kept.update(s.id for s in hourly.values())
     kept.update(daily[k].id for k in sorted(daily, reverse=True)[:DAILY_KEEP])
     kept.update(weekly[k].id for k in sorted(weekly, reverse=True)[:WEEKLY_KEEP])
-    kept.add(max(snaps, key=_age_order).id)  # never delete the newest, whatever the clock says
+    kept.add(max(snaps, key=_age_order).id)  # never delete the newest live one, whatever the clock says
     return kept
 
 
 def drop(snapshots: Iterable[SnapshotInfo], now_ms: int) -> list[SnapshotInfo]:
-    """The snapshots `keep` does not keep, in the given order."""
+    """The snapshots `keep` does not keep (the expired ones among them), in the given order."""
     snaps = list(snapshots)
     kept = keep(snaps, now_ms)
     return [s for s in snaps if s.id not in kept]

@@ -1,7 +1,9 @@
 """Defects the fuzzer found, pinned as plain tests (the fuzz run is randomised; these always run)."""
 
+from concurrent.futures import ThreadPoolExecutor
+
 import pytest
-from e2e import ws_url
+from e2e import put_workspace, run_ok, ws_url
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -28,3 +30,40 @@ def test_a_since_in_non_ascii_digits_is_invalid_query(fuzz_server):
     with fuzz_server.client() as client:
         response = client.get("/v1/audit", params={"since": "２０２６-01-01T00:00:00Z"})
         assert response.status_code == 400 and response.json()["error"]["code"] == "invalid_query", response.text
+
+
+def test_a_snapshot_of_a_workspace_that_never_ran_boots_nothing(fuzz_server):
+    """Was: a container started just to save the image's empty tree."""
+    with fuzz_server.client() as client:
+        assert put_workspace(client, "regress", "unrun").status_code == 201
+        response = client.post(ws_url("regress", "unrun", "snapshot"))
+        assert response.status_code == 409 and response.json()["error"]["code"] == "nothing_to_snapshot"
+        status = client.get(ws_url("regress", "unrun")).json()
+        assert (status["state"], status["booted"], status["running"]) == ("created", False, False)
+        assert client.get(ws_url("regress", "unrun", "snapshots")).json() == {"snapshots": []}
+        assert client.delete(ws_url("regress", "unrun"), params={"confirm": "true"}).status_code == 200
+
+
+@pytest.mark.parametrize("other", ["stop", "delete"])
+def test_a_snapshot_racing_a_stop_or_a_delete_is_never_a_5xx(fuzz_server, other):
+    """Was: 503 container_exited, "the container stopped while the request ran". Whatever the order, the snapshot
+    answers a snapshot (its own, or the one the stop took) or, after a delete, 404 workspace_not_found."""
+    ws = f"race-{other}"
+    with fuzz_server.client() as client, ThreadPoolExecutor(4) as pool:
+        for _ in range(3):
+            assert put_workspace(client, "regress", ws).status_code in (200, 201)
+            run_ok(client, "regress", ws, "echo x > /workspace/f")
+            calls = [
+                pool.submit(client.post, ws_url("regress", ws, "snapshot")),
+                pool.submit(client.post, ws_url("regress", ws, "stop"))
+                if other == "stop"
+                else pool.submit(client.delete, ws_url("regress", ws), params={"confirm": "true"}),
+                pool.submit(client.post, ws_url("regress", ws, "snapshot")),
+            ]
+            snapshot, done, late = (call.result() for call in calls)
+            assert done.status_code == 200, done.text
+            for answer in (snapshot, late):
+                if answer.status_code != 200:
+                    assert (answer.status_code, answer.json()["error"]["code"]) == (404, "workspace_not_found")
+                    assert other == "delete", answer.text
+        assert client.delete(ws_url("regress", ws), params={"confirm": "true"}).status_code in (200, 404)

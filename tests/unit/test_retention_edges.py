@@ -3,8 +3,11 @@ snapshots sharing one timestamp (the keeper is then the one with the greatest id
 
 import datetime as dt
 import itertools
+from dataclasses import replace
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from durable import retention
 from durable.ports import SnapshotInfo
@@ -65,3 +68,64 @@ def test_equal_newest_timestamps_keep_the_greatest_id():
         assert keep(order, now - 30 * DAY) == {"x3"}
     dropped = retention.drop([SnapshotInfo(i, 0, now) for i in ("x2", "x3", "x1")], now)
     assert [s.id for s in dropped] == ["x2", "x1"]  # the given order
+
+
+# --- expired snapshots (Cloudflare deletes one 30 days after it was made or last restored) -------------------------
+
+
+def info(sid, t, expires=None):
+    return SnapshotInfo(sid, 0, t, expires)
+
+
+def test_an_expired_snapshot_is_never_kept_not_even_the_newest():
+    now = MONDAY + 40 * DAY
+    snaps = [info("gone", now - HOUR, expires=now), info("live", now - 2 * HOUR, expires=now + 1)]
+    assert retention.keep(snaps, now) == {"live"}  # the newest live one is "the newest" now
+    assert [s.id for s in retention.drop(snaps, now)] == ["gone"]
+
+
+def test_an_expired_snapshot_takes_no_days_place():
+    now = MONDAY + 100 * DAY
+    # one snapshot on each of 6 days, the newest day's expired: the 5 newest *live* days keep the sixth one
+    snaps = [info(f"d{i}", now - i * DAY, expires=now - 1 if i == 1 else None) for i in range(1, 7)]
+    assert retention.keep(snaps, now) == {"d2", "d3", "d4", "d5", "d6"}
+
+
+def test_an_expired_snapshot_takes_no_weeks_place():
+    now = MONDAY + 200 * DAY
+    weekly = [info(f"w{i}", MONDAY + (100 - 7 * i) * DAY) for i in range(11)]  # 11 weeks, one snapshot each
+    # the 5 newest days and weeks are w0..w4; with w0..w2 expired, w3..w7 take their places
+    snaps = [replace(s, expires_at_ms=now) if s.id in ("w0", "w1", "w2") else s for s in weekly]
+    assert retention.keep(snaps, now) == {f"w{i}" for i in range(3, 8)}
+
+
+def test_when_every_snapshot_expired_none_is_kept():
+    now = MONDAY
+    snaps = [info("a", now - DAY, expires=now - 1), info("b", now - HOUR, expires=now)]
+    assert retention.keep(snaps, now) == set()
+    assert [s.id for s in retention.drop(snaps, now)] == ["a", "b"]
+
+
+def test_a_snapshot_is_alive_until_its_expiry_exactly():
+    assert not info("a", 0, expires=10).expired(9)
+    assert info("a", 0, expires=10).expired(10)
+    assert not info("a", 0).expired(10**15)  # no expiry: never
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    st.lists(
+        st.tuples(st.integers(0, 60 * DAY), st.one_of(st.none(), st.integers(0, 90 * DAY))),
+        min_size=1,
+        max_size=40,
+        unique_by=lambda p: p[0],
+    ),
+    st.integers(0, 60 * DAY),
+)
+def test_expired_snapshots_change_nothing_but_themselves(pairs, now_offset):
+    now = MONDAY + now_offset
+    snaps = [info(f"x{t}", MONDAY + t, None if e is None else MONDAY + e) for t, e in pairs]
+    live = [s for s in snaps if not s.expired(now)]
+    kept = retention.keep(snaps, now)
+    assert kept == retention.keep(live, now)  # as if the expired ones had never been
+    assert not any(s.expired(now) for s in snaps if s.id in kept)
