@@ -1,13 +1,11 @@
 """Request and response helpers shared by the supervisor's routes: JSON bodies, query checks, NDJSON streams."""
 
-import json
-
 from aiohttp import web
 
 from flarebox_supervisor.stream import follow
 from protocol import limits
 from protocol.errors import ProtocolError
-from protocol.validate import _json_depth, _unique_keys, parse_json_object
+from protocol.validate import parse_json_object
 
 
 def _check_json(request: web.Request, max_bytes: int) -> None:
@@ -25,16 +23,7 @@ async def read_json(request: web.Request) -> dict:
 async def read_large_json(request: web.Request, max_bytes: int) -> dict:
     """A JSON object body allowed to be larger than MAX_BODY_BYTES (services: their env carries secrets' values)."""
     _check_json(request, max_bytes)
-    body = await request.clone(client_max_size=max_bytes).read()
-    if _json_depth(body) > limits.MAX_JSON_DEPTH:
-        raise ProtocolError("invalid_json", f"objects and arrays nest deeper than {limits.MAX_JSON_DEPTH} levels")
-    try:
-        value = json.loads(body.decode("utf-8"), object_pairs_hook=_unique_keys)
-    except (UnicodeDecodeError, ValueError):
-        raise ProtocolError("invalid_json") from None
-    if not isinstance(value, dict):
-        raise ProtocolError("invalid_json")
-    return value
+    return parse_json_object(await request.clone(client_max_size=max_bytes).read(), max_bytes)
 
 
 def no_query(request: web.Request, allowed: frozenset = frozenset()) -> None:

@@ -9,6 +9,22 @@ import bisect
 import time
 
 
+def read_span(chunks: list[str], starts: list[int], offset: int, max_chars: int, first_chunk: int = 0) -> str:
+    """At most `max_chars` code points from `offset` of text kept as `chunks` (each starting at the offset in
+    `starts`, from `first_chunk` on); `offset` must lie inside them."""
+    index = bisect.bisect_right(starts, offset, lo=first_chunk) - 1
+    pieces, taken = [], 0
+    piece = chunks[index][offset - starts[index] :]
+    while True:
+        piece = piece[: max_chars - taken]
+        pieces.append(piece)
+        taken += len(piece)
+        index += 1
+        if taken >= max_chars or index >= len(chunks):
+            return "".join(pieces)
+        piece = chunks[index]
+
+
 class Journal:
     first = 0  # offset of the first code point kept: a command's journal keeps everything (cf. servicelog.py)
 
@@ -44,18 +60,7 @@ class Journal:
         """The stored text from `offset`, at most `max_chars` code points (a chunk is split if needed)."""
         if offset >= self.size:
             return ""
-        index = bisect.bisect_right(self._starts, offset) - 1
-        pieces, taken = [], 0
-        first = self._chunks[index][offset - self._starts[index] :]
-        while True:
-            piece = first if not pieces else self._chunks[index]
-            if taken + len(piece) > max_chars:
-                piece = piece[: max_chars - taken]
-            pieces.append(piece)
-            taken += len(piece)
-            index += 1
-            if taken >= max_chars or index >= len(self._chunks):
-                return "".join(pieces)
+        return read_span(self._chunks, self._starts, offset, max_chars)
 
     def changed(self) -> asyncio.Event:
         """The event the next append or finish sets; take it before checking state to miss nothing."""

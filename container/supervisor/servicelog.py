@@ -9,7 +9,8 @@ stream.follow reads (size, first, read, changed, terminal).
 """
 
 import asyncio
-import bisect
+
+from flarebox_supervisor.journal import read_span
 
 # Dropped chunks are removed from the front of the lists in batches (a list's del [:n] is O(len)).
 _COMPACT_CHUNKS = 1024
@@ -63,17 +64,7 @@ class ServiceLog:
         offset = max(offset, self.first)
         if offset >= self.size or max_chars <= 0:
             return ""
-        index = bisect.bisect_right(self._starts, offset, lo=self._head) - 1
-        pieces, taken = [], 0
-        piece = self._chunks[index][offset - self._starts[index] :]
-        while True:
-            piece = piece[: max_chars - taken]
-            pieces.append(piece)
-            taken += len(piece)
-            index += 1
-            if taken >= max_chars or index >= len(self._chunks):
-                return "".join(pieces)
-            piece = self._chunks[index]
+        return read_span(self._chunks, self._starts, offset, max_chars, self._head)
 
     def finish(self, event: dict) -> None:
         self.terminal = event

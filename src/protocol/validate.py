@@ -72,9 +72,9 @@ def _unique_keys(pairs: list[tuple[str, object]]) -> dict:
     return obj
 
 
-def parse_json_object(body: bytes) -> dict:
-    if len(body) > limits.MAX_BODY_BYTES:
-        raise ProtocolError("payload_too_large", f"JSON bodies are limited to {limits.MAX_BODY_BYTES} bytes")
+def parse_json_object(body: bytes, max_bytes: int = limits.MAX_BODY_BYTES) -> dict:
+    if len(body) > max_bytes:
+        raise ProtocolError("payload_too_large", f"JSON bodies are limited to {max_bytes} bytes")
     if _json_depth(body) > limits.MAX_JSON_DEPTH:  # before parsing: a deep body would exhaust the parser's stack
         raise ProtocolError("invalid_json", f"objects and arrays nest deeper than {limits.MAX_JSON_DEPTH} levels")
     try:
