@@ -7,8 +7,8 @@ import stat
 
 from aiohttp import web
 
-from flarebox_supervisor import __version__, port_sockets, services
-from flarebox_supervisor.files import get_file, put_file
+from flarebox_supervisor import __version__, archive, port_sockets, services
+from flarebox_supervisor.files import _widen_unix_send_buffer, get_file, put_file
 from flarebox_supervisor.httpio import no_query, read_json, stream_journal
 from flarebox_supervisor.identity import Identity
 from flarebox_supervisor.registry import Registry
@@ -90,12 +90,120 @@ async def sync(request: web.Request) -> web.Response:
     return web.json_response({"ok": True})
 
 
+# --- export / import archives (archive.py does the work in a worker with the sandbox user's rights) ---------------
+
+_RESULT_MAX = 64 * 1024
+
+
+def _archive_roots(app: web.Application) -> list[tuple[str, str]]:
+    return archive.archive_roots(app["settings"].workdir, app["archive_home"])
+
+
+async def _drain_stderr(proc, keep: bytearray) -> None:
+    """Keep the first bytes of a worker's stderr for the log, discard the rest (it must never block the worker)."""
+    while chunk := await proc.stderr.read(65536):
+        if len(keep) < 4096:
+            keep += chunk[: 4096 - len(keep)]
+
+
+async def _finish_worker(proc, stderr_task) -> None:
+    await archive.stop_worker(proc)
+    stderr_task.cancel()
+
+
+async def export_archive(request: web.Request) -> web.StreamResponse:
+    no_query(request)
+    proc = await archive.start_worker(
+        request.app["identity"], "export", _archive_roots(request.app), stdout=asyncio.subprocess.PIPE
+    )
+    errors = bytearray()
+    stderr_task = asyncio.ensure_future(_drain_stderr(proc, errors))
+    try:
+        # the first chunk before the head: a worker that fails at once gets an error answer, not a broken 200
+        chunk = await proc.stdout.read(archive.STREAM_CHUNK)
+        if not chunk:
+            await proc.wait()
+            await asyncio.wait_for(stderr_task, 5)
+            log.error("export failed: %s", errors.decode("utf-8", "replace").strip())
+            raise ProtocolError("internal_error", "the export failed: " + errors.decode("utf-8", "replace")[-500:])
+        response = web.StreamResponse(headers={"Content-Type": "application/zstd", "Cache-Control": "no-store"})
+        response.enable_chunked_encoding()
+        await response.prepare(request)
+        if request.transport is not None:
+            _widen_unix_send_buffer(request.transport)
+        while chunk:
+            await response.write(chunk)
+            chunk = await proc.stdout.read(archive.STREAM_CHUNK)
+        if await proc.wait() != 0:
+            await asyncio.wait_for(stderr_task, 5)
+            log.error("export failed mid-stream: %s", errors.decode("utf-8", "replace").strip())
+            # no terminating chunk: the client must see a broken transfer, never a short archive as a whole one
+            if request.transport is not None:
+                request.transport.close()
+            return response
+        await response.write_eof()
+        return response
+    finally:
+        await _finish_worker(proc, stderr_task)
+
+
+async def import_archive(request: web.Request) -> web.Response:
+    no_query(request)
+    max_bytes, max_entries = request.app["import_limits"]
+    length = request.content_length
+    if length is not None and length > max_bytes:
+        raise ProtocolError("payload_too_large", f"the archive has {length} bytes; the limit is {max_bytes}")
+    # one import at a time: a second one would clear the first one's staging directories as leftovers
+    async with request.app["import_lock"]:
+        return await _import(request, max_bytes, max_entries)
+
+
+async def _import(request: web.Request, max_bytes: int, max_entries: int) -> web.Response:
+    extra = ["--max-bytes", str(max_bytes), "--max-entries", str(max_entries)]
+    proc = await archive.start_worker(
+        request.app["identity"],
+        "import",
+        _archive_roots(request.app),
+        extra,
+        stdin=asyncio.subprocess.PIPE,
+        stdout=asyncio.subprocess.PIPE,
+    )
+    errors = bytearray()
+    stderr_task = asyncio.ensure_future(_drain_stderr(proc, errors))
+    try:
+        received = 0
+        # a client that goes away raises here, and the worker is stopped (finally) before it could commit
+        while chunk := await request.content.readany():
+            received += len(chunk)
+            if received > max_bytes:
+                raise ProtocolError("payload_too_large", f"the archive is larger than {max_bytes} bytes")
+            try:
+                proc.stdin.write(chunk)
+                await proc.stdin.drain()
+            except (BrokenPipeError, ConnectionResetError):
+                break  # the worker stopped reading: it already has its answer (a refused archive)
+        proc.stdin.close()  # the end of the archive: the worker checks the end and only then commits
+        answer = b""
+        while len(answer) <= _RESULT_MAX and (part := await proc.stdout.read(_RESULT_MAX)):
+            answer += part
+        await asyncio.wait_for(proc.wait(), 30)
+        if not answer:
+            await asyncio.wait_for(stderr_task, 5)
+            log.error("import worker failed: %s", errors.decode("utf-8", "replace").strip())
+        return web.json_response(archive.check_import_result(answer))
+    finally:
+        await _finish_worker(proc, stderr_task)
+
+
 def make_app(settings: Settings, identity: Identity, files) -> web.Application:
     app = web.Application(middlewares=[errors_middleware], client_max_size=MAX_BODY_BYTES)
     app["settings"] = settings
     app["identity"] = identity
     app["files"] = files
     app["registry"] = Registry(settings, identity)
+    app["archive_home"] = archive.home_dir(identity.home)
+    app["import_limits"] = archive.import_limits()
+    app["import_lock"] = asyncio.Lock()
     app.router.add_get("/health", health)
     app.router.add_post("/exec", start_exec)
     app.router.add_get("/exec/{request_id}", reattach)
@@ -103,6 +211,8 @@ def make_app(settings: Settings, identity: Identity, files) -> web.Application:
     app.router.add_get("/files", get_file)
     app.router.add_put("/files", put_file)
     app.router.add_post("/sync", sync)
+    app.router.add_get("/export", export_archive, allow_head=False)  # a HEAD would run a whole export
+    app.router.add_put("/import", import_archive)
     services.add_routes(app)
     port_sockets.add_routes(app)
 

@@ -124,3 +124,43 @@ async def sync(container: Container) -> None:
         log.warning("the supervisor did not answer the sync before a snapshot; snapshotting without it")
     except Exception:
         log.warning("sync before snapshot failed", exc_info=True)
+
+
+# --- export / import archives ----------------------------------------------------------------------------------
+
+# Silence limits, not totals: an export streams for as long as the tree takes, and an import answers only once the
+# whole archive is extracted, verified and swapped in (minutes for a large one).
+EXPORT_SILENCE_SECONDS = 300
+IMPORT_SILENCE_SECONDS = 3600
+ARCHIVE_TYPE = "application/zstd"
+
+
+async def export_archive(container: Container) -> ContainerResponse:
+    """GET /export: the workspace's files as a "flarebox-export" tar.zst, streamed in `body` (never read here).
+    Raises the supervisor's error as a ProtocolError on a non-200, ContainerGone when it cannot be reached. A
+    transfer that breaks before its end is a failed export (the supervisor never ends a failed one cleanly)."""
+    resp = await container.fetch("GET", "/export", timeout=EXPORT_SILENCE_SECONDS)
+    if resp.status != 200:
+        raise await error_of(resp, "internal_error")
+    return resp
+
+
+async def import_archive(container: Container, body: Any, length: int | None = None) -> dict:
+    """PUT /import: `body` (bytes or a stream, passed through unbuffered) replaces the workspace's and home's
+    files once the archive verified against its manifest. Returns {"files": N, "bytes": N}; raises the
+    supervisor's error (invalid_archive, payload_too_large, storage_full, …) as a ProtocolError — nothing was
+    changed then — and ContainerGone when it cannot be reached."""
+    headers = {"content-type": ARCHIVE_TYPE}
+    if length is not None:
+        headers["content-length"] = str(length)
+    resp = await container.fetch("PUT", "/import", body=body, headers=headers, timeout=IMPORT_SILENCE_SECONDS)
+    if resp.status != 200:
+        raise await error_of(resp, "internal_error")
+    try:
+        data = await resp.json()
+        result = {"files": data["files"], "bytes": data["bytes"]}
+    except (ValueError, TypeError, KeyError):
+        raise ProtocolError("internal_error", "the sandbox answered the import with something else") from None
+    if not all(isinstance(v, int) and not isinstance(v, bool) for v in result.values()):
+        raise ProtocolError("internal_error", "the sandbox answered the import with something else")
+    return result

@@ -24,6 +24,7 @@ ERRORS: dict[str, tuple[int, str]] = {
     "payload_too_large": (413, "the request body is over its limit"),
     "length_required": (411, "file uploads need a Content-Length header"),
     "headers_too_large": (431, "the request headers are too large"),
+    "malformed_request": (400, "the request is not valid HTTP/1.1 (a malformed request line or header)"),
     "request_timeout": (408, "the request head or body arrived too slowly; send it again without pausing"),
     # request validation
     "invalid_json": (400, "the body is not a JSON object"),
@@ -50,11 +51,34 @@ ERRORS: dict[str, tuple[int, str]] = {
     "nothing_to_snapshot": (409, "nothing to snapshot yet: the workspace has never run, so it holds only its image"),
     "snapshot_damaged": (
         409,
-        "the newest snapshot failed its integrity check: nothing was restored or run, and the workspace does not"
-        " start from an older snapshot on its own (choosing one is not possible yet); DELETE the workspace to start"
-        " over empty, or ask the operator to inspect the snapshot",
+        "the snapshot failed its integrity check: nothing was restored or run, and the workspace does not start"
+        " from an older snapshot on its own; GET …/snapshots and POST …/restore an older one (or a backup), or"
+        " DELETE the workspace to start over empty",
     ),
     "snapshot_failed": (503, "the snapshot could not be written; the workspace keeps running"),
+    "snapshot_not_found": (404, "the workspace has no snapshot with this id (GET …/snapshots lists them)"),
+    "too_many_kept": (
+        409,
+        'the workspace already keeps MAX_KEPT_SNAPSHOTS snapshots: unpin one (PATCH …/snapshots/{id} {"keep":'
+        " false}) first",
+    ),
+    "workspace_running": (
+        409,
+        "an import replaces every file, so it needs a workspace that is stopped or has never booted: POST …/stop"
+        " first (its files are snapshotted), then import again",
+    ),
+    "invalid_archive": (
+        400,
+        "the archive is not a Flarebox export (a tar.zst whose manifest lists every file with its sha256) or does"
+        " not match its manifest: nothing was changed",
+    ),
+    "backup_not_found": (404, "the workspace has no backup with this id (GET …/backups lists them)"),
+    "backups_unavailable": (
+        409,
+        "this deployment has no backup store: the operator binds an R2 bucket as BACKUPS (Cloudflare) or sets"
+        " BACKUP_DIR (standalone)",
+    ),
+    "backup_failed": (503, "the backup could not be written or did not read back intact; the workspace keeps running"),
     # requests and commands
     "duplicate_request": (409, "this request id was used before; reattach with GET .../exec/{request_id}"),
     "request_not_found": (404, "no command with this request id is known (never run, or its journal expired)"),

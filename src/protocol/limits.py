@@ -20,6 +20,8 @@ DRAIN_IDLE_SECONDS = 0.3  # after the command's own process exits: end after thi
 DRAIN_MAX_SECONDS = 5  # ...or after this long at most
 MAX_FILE_READ_BYTES = 1024 * 1024 * 1024  # default; operators may lower it
 MAX_FILE_WRITE_BYTES = 100 * 1024 * 1024  # default; operators may lower it
+MAX_IMPORT_BYTES = 20 * 1024 * 1024 * 1024  # an imported archive: its body, and the bytes its files hold
+MAX_IMPORT_ENTRIES = 1_000_000  # files, directories and symlinks one imported archive holds
 MAX_OUTPUT_FRAME_CHARS = 16 * 1024  # one `output` event carries at most this many code points
 JOURNAL_MAX_REQUESTS = 256  # per-request output journals kept for reattach...
 JOURNAL_KEEP_SECONDS = 3600  # ...and for how long after the command ended
@@ -76,6 +78,8 @@ LIMITS = {
     "DRAIN_MAX_SECONDS": DRAIN_MAX_SECONDS,
     "MAX_FILE_READ_BYTES": MAX_FILE_READ_BYTES,
     "MAX_FILE_WRITE_BYTES": MAX_FILE_WRITE_BYTES,
+    "MAX_IMPORT_BYTES": MAX_IMPORT_BYTES,
+    "MAX_IMPORT_ENTRIES": MAX_IMPORT_ENTRIES,
     "MAX_OUTPUT_FRAME_CHARS": MAX_OUTPUT_FRAME_CHARS,
     "JOURNAL_MAX_REQUESTS": JOURNAL_MAX_REQUESTS,
     "JOURNAL_KEEP_SECONDS": JOURNAL_KEEP_SECONDS,

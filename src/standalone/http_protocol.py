@@ -1,8 +1,10 @@
-"""uvicorn's h11 protocol, with the documented answers for a request head that is too large or a client too slow.
+"""uvicorn's h11 protocol, with the documented answers for a request head that is too large or malformed, or a
+client too slow.
 
 A request head bigger than h11's buffer limit (serve.MAX_INCOMPLETE_EVENT) never reaches the ASGI app: h11 raises
 "Receive buffer too long" (its status hint is 431) and stock uvicorn answers a plain-text 400 instead. Heads that fit
-the buffer but exceed server.MAX_HEADER_BYTES are refused by the app itself, with the same answer.
+the buffer but exceed server.MAX_HEADER_BYTES are refused by the app itself, with the same answer. Any other request
+h11 cannot parse (a header without a value where one is required, a bad request line) is 400 `malformed_request`.
 
 Stock uvicorn also waits for ever for a head that trickles in (its keep-alive timer stops at the first byte) and for
 a body that stops arriving. Here a head must be whole HEAD_SECONDS after the connection (or its previous response)
@@ -105,11 +107,11 @@ class FlareboxH11Protocol(H11Protocol):
         self.transport.close()
 
     def send_400_response(self, msg: str) -> None:
+        """h11 refused the request (malformed HTTP, or a head over its buffer): answered in the protocol's own
+        shape, never uvicorn's plain text — a client parses every error the same way."""
         buffered, _ = self.conn.trailing_data
-        if len(buffered) <= self.config.h11_max_incomplete_event_size:
-            super().send_400_response(msg)  # malformed HTTP, not an API request: uvicorn's answer stands
-            return
-        status, headers, body = _error_bytes("headers_too_large")
+        too_large = len(buffered) > self.config.h11_max_incomplete_event_size
+        status, headers, body = _error_bytes("headers_too_large" if too_large else "malformed_request")
         for event in (h11.Response(status_code=status, headers=headers), h11.Data(data=body), h11.EndOfMessage()):
             self.transport.write(self.conn.send(event))
         self.transport.close()

@@ -179,6 +179,20 @@ def test_oversized_headers_are_431_and_touch_nothing(victim):
     assert raw_request(victim.port, request_head("GET", "/v1/health", victim.token))[0] == 200  # still serving
 
 
+@pytest.mark.parametrize(
+    "head",
+    [
+        b"GET /v1/health HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Length:\r\n\r\n",  # an empty length
+        b"GET /v1/health HTTP/1.1\r\nHost: 127.0.0.1\r\nno colon here\r\n\r\n",
+        b"GET /v1/health HTTP/1.1 extra\r\nHost: 127.0.0.1\r\n\r\n",  # a bad request line
+    ],
+)
+def test_malformed_http_is_a_json_400_like_every_other_error(victim, head):
+    status, answer = raw_request(victim.port, head)
+    assert (status, _error_code(answer)) == (400, "malformed_request"), answer[:200]
+    assert raw_request(victim.port, request_head("GET", "/v1/health", victim.token))[0] == 200  # still serving
+
+
 def _announce(port: int, head: bytes) -> tuple[int, bytes]:
     """Send only the head of a request whose body is announced but never sent: the answer must come anyway,
     which proves the server refused it before reading (or waiting for) any of the body."""
