@@ -211,6 +211,8 @@ class SandboxContainer:
         self._port_connections: PortConnections | None = None  # kept-alive upstreams of the running sandbox
         self._shares_host_network = False  # internet on without a private network: its loopback is the host's
         self._lock = asyncio.Lock()
+        # what the next save increments from (snapshots.py): the server's own, beside root_dir, never inside it
+        self.base_dir = self.root_dir.parent / f"{self.root_dir.name}.snapshot-base"
         self._clean_restore_leftovers()
 
     # ---- state --------------------------------------------------------------------------------------------
@@ -241,10 +243,16 @@ class SandboxContainer:
             await self._reap()
             try:
                 if spec.snapshot_id:  # snapshot_damaged leaves the live dir as it was
+                    # first: while the tree is being replaced, nothing may pair it with the old base
+                    await asyncio.to_thread(self.store.forget, self.base_dir)
                     await asyncio.to_thread(
                         self.store.restore, self.namespace, self.workspace, spec.snapshot_id, self.root_dir
                     )
+                elif not self.root_dir.is_dir():
+                    await asyncio.to_thread(self.store.forget, self.base_dir)  # a fresh tree: its first save is full
                 self._prepare_live_dirs()
+                if spec.snapshot_id:  # after the ownership adoption, which changes every ctime
+                    await asyncio.to_thread(self._track, spec.snapshot_id)
                 self._spawn(spec)
                 if self._net is not None:
                     procs = self._group.procs_files if self._group else []
@@ -401,6 +409,7 @@ class SandboxContainer:
         async with self._lock:
             await self._kill()
             await asyncio.to_thread(remove_tree, self.root_dir)
+            remove_path(self.base_dir)
             remove_path(self.socket_dir)
 
     async def _kill(self) -> None:
@@ -537,10 +546,47 @@ class SandboxContainer:
         costs one timeout, not two."""
         if not self.root_dir.is_dir():
             raise ProtocolError("snapshot_failed", "the workspace has no files to snapshot")
-        return await asyncio.to_thread(self.store.create, self.namespace, self.workspace, self.root_dir)
+        # an increment of the last save or restore of these live files when there is one (snapshots.py)
+        return await asyncio.to_thread(
+            self.store.create, self.namespace, self.workspace, self.root_dir, base_dir=self.base_dir
+        )
+
+    def _track(self, snapshot_id: str) -> None:
+        """Make the tree just restored from `snapshot_id` the base of its next save (a stat walk); failing that,
+        the next save is full, and the sandbox starts all the same."""
+        try:
+            self.store.track(self.namespace, self.workspace, snapshot_id, self.root_dir, self.base_dir)
+        except Exception as exc:  # whatever went wrong costs one full save, never the start
+            log.warning("%s/%s: no incremental base after the restore: %s", self.namespace, self.workspace, exc)
+            with contextlib.suppress(OSError):
+                self.store.forget(self.base_dir)
 
     def snapshot_expiry(self, alive_from_ms: int) -> int | None:
         return None  # the snapshot store keeps a snapshot until retention or a delete drops it
+
+    async def snapshot_ref(self, snapshot_id: str) -> dict[str, Any]:
+        listed = await asyncio.to_thread(self.store.list, self.namespace, self.workspace)
+        if not any(s.id == snapshot_id for s in listed):
+            raise ProtocolError(
+                "snapshot_not_found", f"{self.namespace}/{self.workspace} has no snapshot {snapshot_id}"
+            )
+        return {"namespace": self.namespace, "workspace": self.workspace, "id": snapshot_id}
+
+    async def adopt_snapshot(self, ref: dict[str, Any]) -> SnapshotInfo:
+        """Link the archives of another workspace's snapshot (every link of its chain) into this one's store."""
+        fields = ("namespace", "workspace", "id")
+        if not isinstance(ref, dict) or not all(isinstance(ref.get(k), str) for k in fields):
+            raise ProtocolError("snapshot_not_found", "not a snapshot reference of this deployment")
+        try:
+            return await asyncio.to_thread(
+                self.store.clone, ref["namespace"], ref["workspace"], ref["id"], self.namespace, self.workspace
+            )
+        except ValueError:  # not a snapshot id
+            raise ProtocolError("snapshot_not_found", f"no snapshot {ref['id']!r}") from None
+        except ProtocolError as err:
+            if err.code in ("snapshot_not_found", "snapshot_damaged", "snapshot_failed"):
+                raise
+            raise ProtocolError("snapshot_not_found", f"no workspace {ref['namespace']}/{ref['workspace']}") from None
 
     async def delete_snapshot(self, snapshot_id: str) -> None:
         await asyncio.to_thread(self.store.delete, self.namespace, self.workspace, snapshot_id)

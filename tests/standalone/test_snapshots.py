@@ -69,6 +69,9 @@ def test_manifest_records_size_and_sha256_of_the_archive(tmp_path):
         "size": len(archive),
         "sha256": hashlib.sha256(archive).hexdigest(),
         "format": "tar+zstd",
+        "parent": None,  # a full save
+        "level": 0,
+        "deleted": False,
     }
     assert archive[:4] == b"\x28\xb5\x2f\xfd"  # zstd frame magic
     assert store.verify("ns", "ws", info.id) == info

@@ -1,0 +1,139 @@
+"""Incremental snapshots through a real bubblewrap sandbox: the live base follows saves, restores and restarts, it
+lives outside anything the sandbox reaches, and forks (snapshot_ref / adopt_snapshot) restore in another workspace."""
+
+import json
+import secrets
+import time
+
+import pytest
+import sandbox_fixtures as fx
+from sandbox_fixtures import tree_digest
+
+from durable.ports import StartSpec
+from protocol.errors import ProtocolError
+from standalone import snapshots
+
+short_tmp, make_sandbox = fx.short_tmp, fx.make_sandbox
+pytestmark = pytest.mark.timeout(120)
+
+
+def spec(snapshot_id: str | None = None) -> StartSpec:
+    return StartSpec(image="hermes", instance="lite", env={}, enable_internet=False, snapshot_id=snapshot_id)
+
+
+async def run(container, command: str) -> str:
+    body = json.dumps({"request_id": secrets.token_hex(16), "command": command, "timeout": 30}).encode()
+    response = await container.fetch("POST", "/exec", body=body, headers={"content-type": "application/json"})
+    events = [json.loads(line) for line in (await response.read()).splitlines() if line.strip()]
+    assert events[-1].get("exit_code") == 0, events
+    return "".join(e["data"] for e in events if e["type"] == "output")
+
+
+def manifest(sandbox, snapshot_id: str, workspace: str | None = None) -> dict:
+    path = sandbox.store.root / sandbox.namespace / (workspace or sandbox.workspace) / f"{snapshot_id}.json"
+    return json.loads(path.read_text())
+
+
+def settle() -> None:
+    time.sleep(0.05)  # a tick of the kernel's coarse timestamp clock (see test_snapshot_incremental.py)
+
+
+FILL = "cd /workspace && mkdir -p pkg && for i in $(seq 1 150); do head -c 3000 /dev/urandom > pkg/f$i; done"
+
+
+async def test_saves_restores_and_restarts_keep_an_incremental_base(make_sandbox):
+    sandbox = make_sandbox()
+    await sandbox.start(spec())
+    assert sandbox.store.live_base("ns", "ws", sandbox.base_dir) is None  # a fresh tree: the first save is full
+    await run(sandbox, FILL)
+    settle()
+    full = await sandbox.snapshot()
+    assert manifest(sandbox, full.id)["level"] == 0
+    # the server's own files, beside the live dir: not inside it (nor bound into the sandbox)
+    assert sandbox.base_dir.parent == sandbox.root_dir.parent
+    assert sorted(p.name for p in sandbox.base_dir.iterdir()) == [f"{full.id}.snar"]
+    assert await run(sandbox, "find / -name '*.snar*' 2>/dev/null; true") == ""
+
+    await run(sandbox, "echo one > /workspace/pkg/f1; rm /workspace/pkg/f2")
+    inc = await sandbox.snapshot()
+    assert (manifest(sandbox, inc.id)["parent"], manifest(sandbox, inc.id)["level"]) == (full.id, 1)
+    assert inc.size < full.size / 10
+
+    await sandbox.stop()  # a restart on a surviving disk keeps the base
+    await sandbox.start(spec())
+    await run(sandbox, "echo two > /workspace/pkg/f3")
+    after_restart = await sandbox.snapshot()
+    assert manifest(sandbox, after_restart.id)["parent"] == inc.id
+    state = tree_digest(sandbox.root_dir)
+
+    # roll back to the full save: the restored tree becomes the base, the next save an increment of it
+    await run(sandbox, "echo lost > /workspace/unsaved")
+    await sandbox.stop()
+    await sandbox.start(spec(full.id))
+    assert sandbox.store.live_base("ns", "ws", sandbox.base_dir) == full.id
+    assert await run(sandbox, "ls /workspace/pkg | wc -l; test -e /workspace/unsaved || echo gone") == "150\ngone\n"
+    await run(sandbox, "echo branch > /workspace/branch.txt")
+    branch = await sandbox.snapshot()
+    assert manifest(sandbox, branch.id)["parent"] == full.id
+    assert branch.size < full.size / 10
+
+    await sandbox.destroy()
+    assert not sandbox.base_dir.exists()  # the files went, and with them the base
+    await sandbox.start(spec(after_restart.id))
+    assert tree_digest(sandbox.root_dir) == state
+
+
+async def test_a_fork_adopts_the_whole_chain_and_outlives_its_source(make_sandbox):
+    source = make_sandbox("src")
+    await source.start(spec())
+    await run(source, FILL)
+    full = await source.snapshot()
+    await run(source, "echo changed > /workspace/pkg/f9; mkdir -p ~/cfg && echo x > ~/cfg/y")
+    inc = await source.snapshot()
+    state = tree_digest(source.root_dir)
+
+    ref = await source.snapshot_ref(inc.id)
+    assert ref == {"namespace": "ns", "workspace": "src", "id": inc.id}
+    with pytest.raises(ProtocolError) as err:
+        await source.snapshot_ref(snapshots.new_snapshot_id())
+    assert err.value.code == "snapshot_not_found"
+
+    forks = [make_sandbox(f"fork{i}") for i in range(2)]
+    for fork in forks:
+        adopted = await fork.adopt_snapshot(ref)
+        assert adopted.id == inc.id and [s.id for s in fork.store.list("ns", fork.workspace)] == [inc.id]
+    await source.destroy()
+    for snapshot_id in (full.id, inc.id):
+        await source.delete_snapshot(snapshot_id)
+    assert source.store.list("ns", "src") == []
+
+    for i, fork in enumerate(forks):  # they diverge without touching each other
+        await fork.start(spec(inc.id))
+        assert tree_digest(fork.root_dir) == state
+        await run(fork, f"echo fork{i} > /workspace/mine.txt")
+        saved = await fork.snapshot()
+        assert manifest(fork, saved.id)["parent"] == inc.id  # an increment of the adopted chain
+    assert [await run(fork, "cat /workspace/mine.txt") for fork in forks] == ["fork0\n", "fork1\n"]
+
+    for bad in ({"namespace": "ns", "workspace": "src", "id": inc.id}, {"id": "../x"}, None, {"namespace": 1}):
+        with pytest.raises(ProtocolError) as err:
+            await forks[0].adopt_snapshot(bad)
+        assert err.value.code == "snapshot_not_found"
+
+
+async def test_a_failed_stat_walk_after_a_restore_only_makes_the_next_save_full(make_sandbox, monkeypatch):
+    sandbox = make_sandbox()
+    await sandbox.start(spec())
+    await run(sandbox, FILL)
+    first = await sandbox.snapshot()
+    await sandbox.stop()
+
+    def broken(*args):
+        raise snapshots._PipelineError("tar failed (2): simulated")
+
+    monkeypatch.setattr(sandbox.store, "track", broken)
+    await sandbox.start(spec(first.id))
+    assert sandbox.running()
+    assert sandbox.store.live_base("ns", "ws", sandbox.base_dir) is None
+    second = await sandbox.snapshot()
+    assert manifest(sandbox, second.id)["parent"] is None
