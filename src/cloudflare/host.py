@@ -9,6 +9,7 @@ from typing import Any
 
 from cloudflare import wire
 from cloudflare.alarm import DurableAlarm
+from cloudflare.backups import R2BackupStore
 from cloudflare.cipher import WebCryptoCipher
 from cloudflare.clock import JsClock
 from cloudflare.container import CloudflareContainer
@@ -36,6 +37,8 @@ class WorkspaceHost:
         self._container = CloudflareContainer(ctx, self._storage, self._clock, self._settings.idle_seconds)
         self._streams = JsStreams()
         self._cipher = WebCryptoCipher(env_var(env, "SECRETS_KEY"))  # a secret (wrangler secret put), not a var
+        # the BACKUPS R2 bucket binding (wrangler.jsonc r2_buckets); absent: backups_unavailable
+        self._backups = R2BackupStore(getattr(env, "BACKUPS", None))
         self._storage.sql(_IDENTITY_TABLE)
         self._workspace: Workspace | None = None
         rows = self._storage.sql("SELECT namespace, name FROM cf_identity WHERE key = 'self'")
@@ -53,6 +56,7 @@ class WorkspaceHost:
             container=self._container,
             streams=self._streams,
             cipher=self._cipher,
+            backups=self._backups,
         )
         return self._workspace
 

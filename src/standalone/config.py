@@ -199,3 +199,24 @@ def image_binds(
     if binds:
         check_image_binds(binds, load_settings(environ).images if images is None else images)
     return binds
+
+
+# --- BACKUP_DIR: where backups go (standalone only) ------------------------------------------------------------------
+# The directory of the backup store (backups.py), for example on another disk. Unset (or empty): no backup store,
+# and the backup routes answer backups_unavailable. An environment variable only, like IMAGE_BINDS: a host path means
+# nothing to the Cloudflare deployment, whose store is the BACKUPS R2 binding. It must be an absolute path; it is not
+# created (a missing one is a disk that is not mounted: each backup then fails with backup_failed, saying so).
+
+BACKUP_DIR_VAR = "BACKUP_DIR"
+
+
+def backup_dir(environ: Mapping[str, str] | None = None) -> Path | None:
+    """The environment's BACKUP_DIR (None when unset or empty). Raises ValueError for a relative path."""
+    environ = os.environ if environ is None else environ
+    value = (environ.get(BACKUP_DIR_VAR) or "").strip()
+    if not value:
+        return None
+    path = Path(value).expanduser()
+    if not path.is_absolute():
+        raise ValueError(f"{BACKUP_DIR_VAR}: {value!r} must be an absolute path")
+    return path

@@ -9,6 +9,7 @@ Data layout (everything under the data dir):
     secrets.key                           the key secrets are sealed with (mode 0600; unless SECRETS_KEY is set)
     run/<key>/sv.sock                     the supervisors' sockets, reachable by the server only (0700; a fresh
                                           private dir under the system temp dir when this path is too long)
+Backups live outside the data dir, in BACKUP_DIR when it is set (backups.py; config.backup_dir).
 Objects are forgotten (and their directory removed) once deleted. At shutdown the running sandboxes are stopped
 but their files stay, so the next exec reports `container: restarted`.
 """
@@ -22,11 +23,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from durable.ports import Cipher, Container, Response
+from durable.ports import BackupStore, Cipher, Container, Response
 from durable.settings import Settings
 from standalone.alarms import PersistentAlarm, persisted_alarm_at
+from standalone.backups import DirectoryBackupStore
 from standalone.cipher import AesGcmCipher, load_or_create_key
 from standalone.clock import AsyncioClock
+from standalone.config import backup_dir
 from standalone.reserve import DiskReserve
 from standalone.storage import SqliteStorage
 from standalone.streams import QueueStreams
@@ -108,6 +111,7 @@ class WorkspaceRegistry:
         container_factory: ContainerFactory,
         stop_container: Callable[[Any], Any] | None = None,
         cipher: Cipher | None = None,
+        backups: BackupStore | None = None,
     ):
         self.data_dir = Path(data_dir)
         self.settings = settings
@@ -121,6 +125,8 @@ class WorkspaceRegistry:
         self.reserve = DiskReserve(self.data_dir / RESERVE_FILE)
         # secrets at rest: SECRETS_KEY, else a key generated once into the data dir (cipher.py)
         self._cipher = cipher or AesGcmCipher(load_or_create_key(self.data_dir))
+        # one store for every workspace: BACKUP_DIR, else one that is not available (backups_unavailable)
+        self.backups = backups if backups is not None else DirectoryBackupStore(backup_dir())
 
     # --- ports.Workspaces ----------------------------------------------------------------------------
 
@@ -176,6 +182,7 @@ class WorkspaceRegistry:
             container=container,
             streams=self._streams,
             cipher=self._cipher,
+            backups=self.backups,
         )
         return entry
 

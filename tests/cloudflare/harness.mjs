@@ -4,7 +4,8 @@
 // What is real: Pyodide (the npm release matching wrangler.jsonc's compatibility_date), the vendored
 // workers-runtime-sdk, src/entry.py and everything it imports, and the supervisor (python -m flarebox_supervisor)
 // running in a bubblewrap sandbox. What is faked, keeping the binding shapes the SDK checks: env (vars and the
-// WORKSPACE and DIRECTORY Durable Object namespaces), ctx.storage (SQL on node:sqlite, alarms on timers) and, for
+// WORKSPACE and DIRECTORY Durable Object namespaces, the BACKUPS R2 bucket: see "R2" below), ctx.storage (SQL on
+// node:sqlite, alarms on timers) and, for
 // Workspace objects only, ctx.container (start/monitor/destroy/getTcpPort/snapshotContainer/setInactivityTimeout
 // over that sandbox). getTcpPort(port).fetch reaches the supervisor (8080, on its unix socket) and any other port a
 // process of that container listens on — found in /proc: a listening socket held by a process of the sandbox's
@@ -81,10 +82,12 @@ Date.now = () => realNow() + clockOffsetMs;
 // the next N alarm deliveries of that object run with its storage failing (the handler throws). alarmRepeat
 // {object: N}: the next N successful deliveries come again (at least once). bodyLengthKnown false: request bodies
 // reach the Worker as streams of unknown length even when the client sent Content-Length. planBodyBytes: the
-// plan's request body limit.
+// plan's request body limit. r2Fault, r2FailAfterParts, r2CorruptReads, r2ListPage, backupsBinding: the fake R2
+// bucket's (see "R2" below).
 const knobs = {
   startDelayMs: 0, failSnapshot: false, directoryFault: null, canned: {}, proxyHeadSeconds: 60, silenceSeconds: null,
   startFailures: 0, alarmFaults: {}, alarmRepeat: {}, bodyLengthKnown: true, planBodyBytes: PLAN_BODY_BYTES,
+  r2Fault: null, r2FailAfterParts: null, r2CorruptReads: false, r2ListPage: 1000, backupsBinding: true,
 };
 // Every binding call, in order, for tests to assert on.
 const calls = [];
@@ -328,6 +331,7 @@ class Container {
     this.dir = fs.mkdtempSync(path.join(STATE, "c-"));
     fs.mkdirSync(path.join(this.dir, "run"));
     fs.mkdirSync(path.join(this.dir, "workspace"));
+    fs.mkdirSync(path.join(this.dir, "home")); // the image's /home/sandbox: writable, snapshotted with the rest
     let resolve, reject;
     const promise = new Promise((res, rej) => ((resolve = res), (reject = rej)));
     promise.catch(() => {});
@@ -350,12 +354,15 @@ class Container {
       "--die-with-parent", "--unshare-user", "--uid", "1000", "--gid", "1000",
       "--unshare-pid", "--unshare-ipc", "--unshare-uts", "--hostname", "container",
       ...(o.enableInternet ? [] : ["--unshare-net"]),
-      ...hostRoot(), "--dev", "/dev", "--proc", "/proc", "--tmpfs", "/tmp",
+      ...hostRoot(), "--dev", "/dev", "--proc", "/proc", "--tmpfs", "/tmp", "--tmpfs", "/home",
       ...BINDS.flatMap((p) => ["--ro-bind", p, p]), // the supervisor's code and interpreter, wherever they live
       "--bind", path.join(dir, "workspace"), "/workspace", "--bind", path.join(dir, "run"), "/run/flarebox",
+      "--bind", path.join(dir, "home"), "/home/sandbox",
       "--chdir", "/workspace", "--clearenv",
       "--setenv", "PATH", "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
       "--setenv", "HOME", "/workspace",
+      // the sandbox user of the image is `sandbox` (home /home/sandbox); the host's passwd has no such user
+      "--setenv", "FLAREBOX_ARCHIVE_HOME", "/home/sandbox",
     ];
     for (const [k, v] of Object.entries(o.env ?? {})) argv.push("--setenv", k, v);
     argv.push(PYTHON, "-m", "flarebox_supervisor", "--unix", "/run/flarebox/s.sock", "--workdir", "/workspace");
@@ -455,7 +462,7 @@ class Container {
     const dir = path.join(STATE, "snapshots");
     fs.mkdirSync(dir, { recursive: true });
     const tmp = path.join(dir, `${id}.tmp`);
-    await run("tar", ["-cf", tmp, "-C", this.dir, "workspace"]);
+    await run("tar", ["-cf", tmp, "-C", this.dir, "workspace", "home"]);
     fs.renameSync(tmp, path.join(dir, `${id}.tar`));
     return { id, size: fs.statSync(path.join(dir, `${id}.tar`)).size, name };
   }
@@ -818,9 +825,498 @@ class DurableObjectNamespace {
   }
 }
 
+// ---------------------------------------------------------------------------------------------------------------
+// R2: env.BACKUPS, an R2 bucket binding (r2_buckets in wrangler.jsonc) as strict as R2 where its rules are known
+// (developers.cloudflare.com/r2/api/workers/workers-api-reference, r2/objects/multipart-objects):
+//   put/uploadPart of a ReadableStream need a known length (a request/response body or a FixedLengthStream's
+//   readable), else TypeError; multipart parts are checked at complete(): each {partNumber, etag} as uploadPart
+//   answered, every part but the last >= 5 MiB, all but the last the same size, the last no larger; an upload
+//   that is unknown, aborted or completed refuses uploadPart/complete (resumeMultipartUpload checks nothing, as on
+//   R2); list() pages by `limit` (1..1000) with {objects, truncated, cursor, delimitedPrefixes}, and returns
+//   customMetadata/httpMetadata only when asked with `include`. Stricter than R2 where R2 would silently ignore a
+//   mistake: unknown option keys throw. Errors read like workerd's: "<op>: <message> (<R2 error code>)".
+// Objects live on disk: STATE/r2/objects/<sha256 of the key> (the bytes; a test may damage them there), their
+// metadata in memory. Knobs: r2Fault "full" (every write throws; reads work) or "gone" (every call throws: the
+// bucket was deleted); r2FailAfterParts N (uploadPart throws once N parts went up); r2CorruptReads (get() bodies
+// come back with one byte flipped); r2ListPage N (a page holds at most N objects, as R2 may return fewer than
+// `limit`); backupsBinding false (objects constructed from then on find no env.BACKUPS). r2FailAfterParts counts
+// down: N more parts succeed, then every uploadPart throws until the knob is reset (null).
+// GET /__harness/r2 shows the bucket (objects, uploads); POST /__harness/r2?delete=<key> removes an object behind
+// the code's back; GET /__harness/r2probe runs the fake's own rules (each case's error, or "ok").
+
+const R2_MIN_PART_BYTES = 5 * 1024 * 1024;
+const R2_MAX_PART_BYTES = 5 * 1024 * 1024 * 1024;
+const R2_MAX_PARTS = 10000;
+const R2_MAX_LIST = 1000;
+const R2_MAX_KEY_BYTES = 1024;
+const R2_MAX_PUT_BYTES = 5363466240; // 5 GiB - 5 MiB: larger objects need a multipart upload
+const R2_MAX_METADATA_BYTES = 8192;
+const R2_KNOWN_LENGTH = "Provided readable stream must have a known length (request/response body or readable half of "
+  + "FixedLengthStream)";
+
+function r2Error(op, message, code) {
+  return new Error(`${op}: ${message} (${code})`);
+}
+const r2Errors = {
+  noSuchBucket: (op) => r2Error(op, "The specified bucket does not exist.", 10006),
+  noSuchUpload: (op) => r2Error(op, "The specified multipart upload does not exist.", 10024),
+  invalidPart: (op) => r2Error(op, "One or more of the specified parts could not be found.", 10025),
+  entityTooSmall: (op) => r2Error(op, "Your proposed upload is smaller than the minimum allowed object size.", 10011),
+  entityTooLarge: (op) => r2Error(op, "Your proposed upload exceeds the maximum allowed object size.", 100100),
+  badUpload: (op) => r2Error(op, "There was a problem with the multipart upload.", 10048),
+  internal: (op) => r2Error(op, "We encountered an internal error. Please try again.", 10001),
+  invalidMaxKeys: (op) => r2Error(op, "MaxKeys params must be positive integer <= 1000.", 10022),
+  invalidKey: (op) => r2Error(op, "The specified object name is not valid.", 10020),
+  invalidArgument: (op, what) => r2Error(op, `Invalid argument: ${what}.`, 10029),
+  metadataTooLarge: (op) => r2Error(op, "Your metadata headers exceed the maximum allowed metadata size.", 10012),
+  full: (op) => r2Error(op, "The account's R2 storage is full (harness knob r2Fault=full).", 10001),
+};
+
+function r2Options(op, options, allowed) {
+  if (options === undefined || options === null) return {};
+  if (typeof options !== "object") throw new TypeError(`${op}(): options must be an object`);
+  for (const k of Object.keys(options)) {
+    if (!allowed.includes(k)) throw new TypeError(`${op}(): unknown option ${k} (harness: R2 would ignore it)`);
+  }
+  return options;
+}
+
+function r2Key(op, key) {
+  if (typeof key !== "string") throw new TypeError(`${op}(): the key must be a string`);
+  if (Buffer.byteLength(key) > R2_MAX_KEY_BYTES || key === "") throw r2Errors.invalidKey(op);
+  return key;
+}
+
+function r2Metadata(op, options) {
+  const custom = options.customMetadata ?? {};
+  if (typeof custom !== "object" || custom instanceof Map) throw new TypeError(`${op}(): customMetadata is an object`);
+  let bytes = 0;
+  for (const [k, v] of Object.entries(custom)) {
+    if (typeof v !== "string") throw new TypeError(`${op}(): customMetadata ${k} must be a string`);
+    bytes += Buffer.byteLength(k) + Buffer.byteLength(v);
+  }
+  if (bytes > R2_MAX_METADATA_BYTES) throw r2Errors.metadataTooLarge(op);
+  const http = options.httpMetadata ?? {};
+  if (typeof http !== "object" || http instanceof Headers) {
+    throw new TypeError(`${op}(): harness takes httpMetadata as an R2HTTPMetadata object only`);
+  }
+  return { customMetadata: { ...custom }, httpMetadata: { ...http } };
+}
+
+// The bytes of a put()/uploadPart() value: string, ArrayBuffer(View), Blob, null, or a ReadableStream of known
+// length (which must deliver exactly that many bytes).
+async function r2Value(op, value) {
+  if (value === null || value === undefined) return Buffer.alloc(0);
+  if (typeof value === "string") return Buffer.from(value);
+  if (value instanceof ArrayBuffer) return Buffer.from(new Uint8Array(value));
+  if (ArrayBuffer.isView(value)) return Buffer.from(new Uint8Array(value.buffer, value.byteOffset, value.byteLength));
+  if (value instanceof Blob) return Buffer.from(await value.arrayBuffer());
+  if (value instanceof ReadableStream) {
+    const length = lengthOf(value);
+    if (length === null) throw new TypeError(`${op}: ${R2_KNOWN_LENGTH}`);
+    const chunks = [];
+    let seen = 0;
+    for await (const chunk of value) {
+      const bytes = Buffer.from(chunk.buffer ? new Uint8Array(chunk.buffer, chunk.byteOffset, chunk.byteLength) : chunk);
+      seen += bytes.length;
+      chunks.push(bytes);
+    }
+    if (seen !== length) throw new TypeError(`${op}: the stream delivered ${seen} bytes, not its length ${length}`);
+    return Buffer.concat(chunks);
+  }
+  throw new TypeError(`${op}(): unsupported value type ${value?.constructor?.name ?? typeof value}`);
+}
+
+class R2Object {
+  constructor(meta) {
+    this.key = meta.key;
+    this.version = meta.version;
+    this.size = meta.size;
+    this.etag = meta.etag;
+    this.httpEtag = `"${meta.etag}"`;
+    this.uploaded = new Date(meta.uploaded);
+    this.checksums = meta.md5 ? { md5: Buffer.from(meta.md5, "hex").buffer } : {};
+    this.storageClass = "Standard";
+    this.httpMetadata = { ...meta.httpMetadata };
+    this.customMetadata = { ...meta.customMetadata };
+  }
+  writeHttpMetadata(headers) {
+    for (const [k, v] of Object.entries(this.httpMetadata)) if (k === "contentType") headers.set("content-type", v);
+  }
+}
+
+class R2ObjectBody extends R2Object {
+  constructor(meta, body) {
+    super(meta);
+    this.body = body;
+  }
+  get bodyUsed() {
+    return this.body.locked;
+  }
+  async arrayBuffer() {
+    return await new Response(this.body).arrayBuffer();
+  }
+  async text() {
+    return await new Response(this.body).text();
+  }
+  async json() {
+    return JSON.parse(await this.text());
+  }
+}
+
+class R2MultipartUpload {
+  constructor(bucket, key, uploadId) {
+    this.bucket = bucket;
+    this.key = key;
+    this.uploadId = uploadId;
+  }
+  // The upload as the bucket knows it, if it may still take parts (unknown, other key, done, aborted: it may not).
+  open(op) {
+    const upload = this.bucket.uploads.get(this.uploadId);
+    if (!upload || upload.key !== this.key || upload.state !== "open") throw r2Errors.noSuchUpload(op);
+    return upload;
+  }
+  async uploadPart(partNumber, value, options) {
+    const op = "uploadPart";
+    this.bucket.check(op, true);
+    r2Options(op, options, ["ssecKey"]);
+    record("r2.uploadPart", null, { key: this.key, uploadId: this.uploadId, partNumber, length: lengthOf(value) });
+    const upload = this.open(op);
+    if (!Number.isInteger(partNumber) || partNumber < 1 || partNumber > R2_MAX_PARTS) {
+      throw r2Errors.invalidArgument(op, "part number must be an integer from 1 to 10000");
+    }
+    if (knobs.r2FailAfterParts !== null && knobs.r2FailAfterParts !== undefined) {
+      if (knobs.r2FailAfterParts <= 0) throw r2Errors.internal(op);
+      knobs.r2FailAfterParts--;
+    }
+    const bytes = await r2Value(op, value);
+    if (bytes.length > R2_MAX_PART_BYTES) throw r2Errors.entityTooLarge(op);
+    this.open(op); // aborted while the value was read?
+    const file = path.join(upload.dir, String(partNumber));
+    fs.writeFileSync(file, bytes);
+    const etag = createHash("md5").update(bytes).digest("hex");
+    upload.parts.set(partNumber, { size: bytes.length, etag, file });
+    return { partNumber, etag };
+  }
+  async complete(uploadedParts) {
+    const op = "completeMultipartUpload";
+    this.bucket.check(op, true);
+    const list = Array.isArray(uploadedParts) ? uploadedParts : null;
+    record("r2.complete", null, { key: this.key, uploadId: this.uploadId, parts: list?.length ?? null });
+    if (!list) throw new TypeError("complete(): uploadedParts must be an array of R2UploadedPart");
+    const upload = this.open(op);
+    if (list.length === 0) throw r2Errors.invalidArgument(op, "at least one part is needed");
+    const seen = new Set();
+    const parts = list.map((p) => {
+      const fields = Object.keys(p ?? {});
+      if (fields.some((k) => !["partNumber", "etag"].includes(k))) {
+        throw new TypeError(`complete(): an R2UploadedPart is {partNumber, etag}, not {${fields}}`);
+      }
+      if (seen.has(p.partNumber)) throw r2Errors.internal(op);
+      seen.add(p.partNumber);
+      const stored = upload.parts.get(p.partNumber);
+      if (!stored || stored.etag !== p.etag) throw r2Errors.invalidPart(op);
+      return { number: p.partNumber, ...stored };
+    });
+    parts.sort((a, b) => a.number - b.number);
+    const head = parts.slice(0, -1);
+    if (head.some((p) => p.size < R2_MIN_PART_BYTES)) throw r2Errors.entityTooSmall(op);
+    if (head.some((p) => p.size !== head[0].size)) throw r2Errors.badUpload(op);
+    if (head.length && parts[parts.length - 1].size > head[0].size) throw r2Errors.badUpload(op);
+    const tmp = path.join(upload.dir, "assembled");
+    fs.writeFileSync(tmp, Buffer.alloc(0));
+    for (const p of parts) fs.appendFileSync(tmp, fs.readFileSync(p.file));
+    const md5s = Buffer.concat(parts.map((p) => Buffer.from(p.etag, "hex")));
+    const etag = `${createHash("md5").update(md5s).digest("hex")}-${parts.length}`;
+    const meta = this.bucket.store(this.key, tmp, { ...upload.metadata, etag, md5: null });
+    upload.state = "completed";
+    fs.rmSync(upload.dir, { recursive: true, force: true });
+    return new R2Object(meta);
+  }
+  async abort() {
+    const op = "abortMultipartUpload";
+    this.bucket.check(op, false);
+    record("r2.abort", null, { key: this.key, uploadId: this.uploadId });
+    const upload = this.bucket.uploads.get(this.uploadId);
+    if (!upload || upload.key !== this.key) throw r2Errors.internal(op);
+    if (upload.state !== "open") return; // aborting a finished upload changes nothing
+    upload.state = "aborted";
+    fs.rmSync(upload.dir, { recursive: true, force: true });
+  }
+}
+
+// The class name matters: the Workers SDK wraps an env binding whose constructor is named "R2Bucket".
+class R2Bucket {
+  constructor(dir) {
+    this.dir = dir;
+    this.objects = new Map(); // key -> { key, version, size, etag, md5, uploaded, httpMetadata, customMetadata }
+    this.uploads = new Map(); // uploadId -> { key, state: open | completed | aborted, parts, metadata, dir }
+    fs.mkdirSync(path.join(dir, "objects"), { recursive: true });
+    fs.mkdirSync(path.join(dir, "uploads"), { recursive: true });
+  }
+  file(key) {
+    return path.join(this.dir, "objects", createHash("sha256").update(key).digest("hex"));
+  }
+  check(op, writes) {
+    if (knobs.r2Fault === "gone") throw r2Errors.noSuchBucket(op);
+    if (writes && knobs.r2Fault === "full") throw r2Errors.full(op);
+  }
+  // Make the file at `tmp` the object `key` (an atomic rename: a reader sees the old object or the new one).
+  store(key, tmp, { httpMetadata, customMetadata, etag, md5 }) {
+    const file = this.file(key);
+    fs.renameSync(tmp, file);
+    const meta = {
+      key, version: randomBytes(16).toString("hex"), size: fs.statSync(file).size, etag, md5, uploaded: Date.now(),
+      httpMetadata, customMetadata,
+    };
+    this.objects.set(key, meta);
+    return meta;
+  }
+  async head(key) {
+    this.check("head", false);
+    record("r2.head", null, { key });
+    const meta = this.objects.get(r2Key("head", key));
+    return meta ? new R2Object(meta) : null;
+  }
+  async get(key, options) {
+    this.check("get", false);
+    record("r2.get", null, { key });
+    r2Options("get", options, []); // onlyIf, range, ssecKey: nothing here uses them
+    const meta = this.objects.get(r2Key("get", key));
+    if (!meta) return null;
+    let flipped = !knobs.r2CorruptReads;
+    const body = Readable.toWeb(fs.createReadStream(this.file(key))).pipeThrough(new TransformStream({
+      transform(chunk, controller) {
+        const bytes = new Uint8Array(chunk);
+        if (!flipped && bytes.length) {
+          bytes[bytes.length >> 1] ^= 0x01; // a disk that went bad under R2
+          flipped = true;
+        }
+        controller.enqueue(bytes);
+      },
+    }));
+    knownLengths.set(body, meta.size);
+    return new R2ObjectBody(meta, body);
+  }
+  async put(key, value, options) {
+    this.check("put", true);
+    const o = r2Options("put", options, ["httpMetadata", "customMetadata", "md5", "sha1", "sha256", "onlyIf",
+      "storageClass", "ssecKey"]);
+    record("r2.put", null, { key, length: lengthOf(value) });
+    r2Key("put", key);
+    for (const k of ["md5", "sha1", "sha256", "onlyIf", "storageClass", "ssecKey"]) {
+      if (o[k] !== undefined) throw new TypeError(`put(): harness: option ${k} is not implemented`);
+    }
+    const metadata = r2Metadata("put", o);
+    const bytes = await r2Value("put", value);
+    if (bytes.length > R2_MAX_PUT_BYTES) throw r2Errors.entityTooLarge("put");
+    this.check("put", true);
+    const tmp = path.join(this.dir, `put-${randomBytes(8).toString("hex")}`);
+    fs.writeFileSync(tmp, bytes);
+    const md5 = createHash("md5").update(bytes).digest("hex");
+    return new R2Object(this.store(key, tmp, { ...metadata, etag: md5, md5 }));
+  }
+  async delete(keys) {
+    this.check("delete", false);
+    const list = typeof keys === "string" ? [keys] : Array.isArray(keys) ? keys : null;
+    record("r2.delete", null, { keys: list });
+    if (!list) throw new TypeError("delete(): keys must be a string or an array of strings");
+    if (list.length > 1000) throw r2Errors.invalidArgument("delete", "at most 1000 keys");
+    for (const key of list) {
+      r2Key("delete", key);
+      if (this.objects.delete(key)) fs.rmSync(this.file(key), { force: true });
+    }
+  }
+  async list(options) {
+    const op = "list";
+    this.check(op, false);
+    const o = r2Options(op, options, ["limit", "prefix", "cursor", "delimiter", "startAfter", "include"]);
+    record("r2.list", null, { prefix: o.prefix ?? null, cursor: o.cursor ?? null, limit: o.limit ?? null });
+    const limit = o.limit ?? R2_MAX_LIST;
+    if (!Number.isInteger(limit) || limit < 1 || limit > R2_MAX_LIST) throw r2Errors.invalidMaxKeys(op);
+    const include = o.include ?? [];
+    if (!Array.isArray(include) || include.some((i) => !["httpMetadata", "customMetadata"].includes(i))) {
+      throw new TypeError("list(): include is a list of \"httpMetadata\" and \"customMetadata\"");
+    }
+    const prefix = o.prefix ?? "";
+    let after = o.startAfter ?? null;
+    if (o.cursor !== undefined) {
+      const decoded = Buffer.from(String(o.cursor), "base64url").toString();
+      if (!decoded.startsWith("c:")) throw r2Errors.invalidArgument(op, "cursor");
+      after = decoded.slice(2);
+    }
+    const page = Math.min(limit, knobs.r2ListPage ?? R2_MAX_LIST);
+    const keys = [...this.objects.keys()].filter((k) => k.startsWith(prefix) && (after === null || k > after)).sort();
+    const objects = [];
+    const delimitedPrefixes = [];
+    let last = null;
+    let i = 0;
+    for (; i < keys.length && objects.length + delimitedPrefixes.length < page; i++) {
+      const key = keys[i];
+      last = key;
+      const cut = o.delimiter ? key.indexOf(o.delimiter, prefix.length) : -1;
+      if (cut >= 0) {
+        const group = key.slice(0, cut + o.delimiter.length);
+        if (!delimitedPrefixes.includes(group)) delimitedPrefixes.push(group);
+        continue;
+      }
+      const object = new R2Object(this.objects.get(key));
+      if (!include.includes("httpMetadata")) object.httpMetadata = undefined;
+      if (!include.includes("customMetadata")) object.customMetadata = undefined;
+      objects.push(object);
+    }
+    const truncated = i < keys.length;
+    const result = { objects, truncated, delimitedPrefixes };
+    if (truncated) result.cursor = Buffer.from(`c:${last}`).toString("base64url");
+    return result;
+  }
+  async createMultipartUpload(key, options) {
+    const op = "createMultipartUpload";
+    this.check(op, true);
+    const o = r2Options(op, options, ["httpMetadata", "customMetadata", "storageClass", "ssecKey"]);
+    record("r2.createMultipartUpload", null, { key });
+    r2Key(op, key);
+    const uploadId = randomBytes(24).toString("base64url");
+    const dir = path.join(this.dir, "uploads", uploadId);
+    fs.mkdirSync(dir, { recursive: true });
+    this.uploads.set(uploadId, { key, state: "open", parts: new Map(), metadata: r2Metadata(op, o), dir });
+    return new R2MultipartUpload(this, key, uploadId);
+  }
+  resumeMultipartUpload(key, uploadId) {
+    record("r2.resumeMultipartUpload", null, { key, uploadId });
+    return new R2MultipartUpload(this, String(key), String(uploadId)); // no check, as on R2: its calls fail later
+  }
+}
+
+const backups = new R2Bucket(path.join(STATE, "r2"));
+
+// The fake's own rules, each case run against a scratch bucket: its error message, or "ok" (GET /__harness/r2probe).
+async function r2Probe() {
+  const scratch = path.join(STATE, `r2probe-${randomBytes(4).toString("hex")}`);
+  const bucket = new R2Bucket(scratch);
+  const MiB = 1024 * 1024;
+  const bytes = (n) => new Uint8Array(n);
+  const unknownLength = () => new Response(bytes(10)).body; // a stream the code made: no known length
+  const knownLength = () => {
+    const fixed = new FixedLengthStream(10);
+    const w = fixed.writable.getWriter();
+    w.write(bytes(10)).then(() => w.close());
+    return fixed.readable;
+  };
+  const parts = async (key, sizes) => {
+    const upload = await bucket.createMultipartUpload(key);
+    const done = [];
+    for (const [i, n] of sizes.entries()) done.push(await upload.uploadPart(i + 1, bytes(n)));
+    return { upload, done };
+  };
+  const cases = {
+    putUnknownLengthStream: async () => bucket.put("p/a", unknownLength()),
+    putKnownLengthStream: async () => bucket.put("p/b", knownLength()),
+    putCustomMetadataNotString: async () => bucket.put("p/c", "x", { customMetadata: { size: 3 } }),
+    putUnknownOption: async () => bucket.put("p/d", "x", { customMetdata: {} }),
+    uploadPartUnknownLengthStream: async () => {
+      const upload = await bucket.createMultipartUpload("m/a");
+      await upload.uploadPart(1, unknownLength());
+    },
+    uploadPartBadNumber: async () => (await bucket.createMultipartUpload("m/b")).uploadPart(0, bytes(1)),
+    completeOnePartAnySize: async () => {
+      const { upload, done } = await parts("m/c", [3]);
+      await upload.complete(done);
+    },
+    completeSmallFirstPart: async () => {
+      const { upload, done } = await parts("m/d", [4 * MiB, 1]);
+      await upload.complete(done);
+    },
+    completeUnequalParts: async () => {
+      const { upload, done } = await parts("m/e", [5 * MiB, 6 * MiB, 1]);
+      await upload.complete(done);
+    },
+    completeLastPartLarger: async () => {
+      const { upload, done } = await parts("m/f", [5 * MiB, 6 * MiB]);
+      await upload.complete(done);
+    },
+    completeEqualParts: async () => {
+      const { upload, done } = await parts("m/g", [5 * MiB, 5 * MiB, 2 * MiB]);
+      const object = await upload.complete(done);
+      if (object.size !== 12 * MiB || !object.etag.endsWith("-3")) throw new Error(`bad object ${object.size}`);
+    },
+    completeWrongEtag: async () => {
+      const { upload, done } = await parts("m/h", [1]);
+      await upload.complete([{ partNumber: 1, etag: "0".repeat(32) }]);
+    },
+    completeNoParts: async () => (await bucket.createMultipartUpload("m/i")).complete([]),
+    completeTwice: async () => {
+      const { upload, done } = await parts("m/j", [1]);
+      await upload.complete(done);
+      await upload.complete(done);
+    },
+    uploadPartAfterAbort: async () => {
+      const upload = await bucket.createMultipartUpload("m/k");
+      await upload.abort();
+      await upload.uploadPart(1, bytes(1));
+    },
+    resumeUnknownUploadId: async () => bucket.resumeMultipartUpload("m/l", "no-such-upload").uploadPart(1, bytes(1)),
+    resumeOtherKey: async () => {
+      const upload = await bucket.createMultipartUpload("m/m");
+      await bucket.resumeMultipartUpload("m/other", upload.uploadId).uploadPart(1, bytes(1));
+    },
+    resumeAndComplete: async () => {
+      const upload = await bucket.createMultipartUpload("m/n");
+      const part = await upload.uploadPart(1, bytes(7));
+      const object = await bucket.resumeMultipartUpload("m/n", upload.uploadId).complete([part]);
+      if (object.size !== 7) throw new Error(`bad size ${object.size}`);
+    },
+    abortUnknownUpload: async () => bucket.resumeMultipartUpload("m/o", "no-such-upload").abort(),
+    listLimitZero: async () => bucket.list({ limit: 0 }),
+    listLimitTooLarge: async () => bucket.list({ limit: 1001 }),
+    listPages: async () => {
+      for (const k of ["l/1", "l/2", "l/3", "l/4", "l/5", "other/1"]) await bucket.put(k, k, { customMetadata: { k } });
+      const seen = [];
+      let cursor;
+      let pages = 0;
+      for (;;) {
+        const page = await bucket.list({ prefix: "l/", limit: 2, cursor, include: ["customMetadata"] });
+        pages++;
+        seen.push(...page.objects.map((o) => `${o.key}=${o.customMetadata.k}`));
+        if (!page.truncated) {
+          if (page.cursor !== undefined) throw new Error("a last page has no cursor");
+          break;
+        }
+        cursor = page.cursor;
+      }
+      if (pages !== 3 || seen.join(",") !== "l/1=l/1,l/2=l/2,l/3=l/3,l/4=l/4,l/5=l/5") throw new Error(seen.join());
+      const bare = await bucket.list({ prefix: "l/", limit: 1 });
+      if (bare.objects[0].customMetadata !== undefined) throw new Error("metadata without include");
+    },
+    getMissing: async () => {
+      if ((await bucket.get("nothing/here")) !== null || (await bucket.head("nothing/here")) !== null) {
+        throw new Error("a missing object is not null");
+      }
+    },
+    getKnownLength: async () => {
+      await bucket.put("g/a", "hello");
+      const object = await bucket.get("g/a");
+      if (lengthOf(object.body) !== 5 || (await object.text()) !== "hello") throw new Error("bad body");
+    },
+  };
+  const results = {};
+  for (const [name, run] of Object.entries(cases)) {
+    try {
+      await run();
+      results[name] = "ok";
+    } catch (err) {
+      results[name] = String(err.message ?? err);
+    }
+  }
+  fs.rmSync(scratch, { recursive: true, force: true });
+  return results;
+}
+
 const namespace = new DurableObjectNamespace(CLASSES.WORKSPACE);
 const directories = new DurableObjectNamespace(CLASSES.DIRECTORY);
 const env = { ...VARS, WORKSPACE: namespace, DIRECTORY: directories };
+// read when an object is constructed: knob backupsBinding false makes it absent, as without r2_buckets
+Object.defineProperty(env, "BACKUPS", { get: () => (knobs.backupsBinding ? backups : undefined), enumerable: true });
 
 // ---------------------------------------------------------------------------------------------------------------
 // Python: Pyodide with src/ and the vendored SDK mounted, plus the two modules workerd injects.
@@ -867,10 +1363,44 @@ async def harness_cipher(raw):
         return json.dumps({"available": True, "error": str(err)})
     return json.dumps({"available": True, "data": base64.b64encode(out).decode()})
 `);
+// The R2 backup store on its own (POST|GET /__harness/backups), over env.BACKUPS as the SDK hands it to an object.
+py.runPython(`
+import json
+from pyodide.ffi import to_js
+from workers.rpc import _EnvWrapper
+from cloudflare.backups import R2BackupStore
+from durable.ports import ContainerGone
+from protocol.errors import ProtocolError
+
+async def harness_backups(raw, body, env):
+    args = json.loads(raw)
+    store = R2BackupStore(getattr(_EnvWrapper(env), "BACKUPS", None))
+    op, ns, ws, bid = args["op"], args.get("ns"), args.get("ws"), args.get("id")
+    try:
+        if op == "available":
+            return json.dumps({"available": store.available})
+        if op == "write":
+            info = await store.write(ns, ws, bid, body, int(args["at"]))
+            return json.dumps({"info": info.__dict__})
+        if op == "list":
+            return json.dumps({"backups": [b.__dict__ for b in await store.list(ns, ws)]})
+        if op == "open":
+            info, stream = await store.open(ns, ws, bid)
+            return to_js([json.dumps({"info": info.__dict__}), stream])
+        if op == "delete":
+            await store.delete(ns, ws, bid)
+            return json.dumps({"deleted": True})
+        return json.dumps({"error": {"code": "harness", "message": f"unknown op {op}"}})
+    except ProtocolError as err:
+        return json.dumps({"error": {"code": err.code, "message": err.message}})
+    except ContainerGone as err:
+        return json.dumps({"error": {"code": "container_gone", "message": str(err)}})
+`);
 const python = {
   entry: py.pyimport("entry"),
   Request: py.pyimport("workers").Request,
   cipher: py.globals.get("harness_cipher"),
+  backups: py.globals.get("harness_backups"),
 };
 
 // ---------------------------------------------------------------------------------------------------------------
@@ -904,6 +1434,48 @@ s.SILENCE_SECONDS = ${value}`);
     const raw = await new Response(Readable.toWeb(req)).text();
     return new Response(await python.cipher(raw), { headers: { "content-type": "application/json" } });
   }
+  if (url.pathname === "/__harness/backups") {
+    // ?op=available|write|list|open|delete&ns=&ws=&id=&at= : cloudflare.backups.R2BackupStore over env.BACKUPS.
+    // write hands it the request body as a stream of unknown length in 64 KiB chunks, like an export
+    // (breakAfter=N: a stream of N zero bytes that then fails, as when the container stops mid-export); the body is
+    // read whole first, so a store that stops reading early never stalls the test's upload. open answers the
+    // archive's stream, its info in x-backup-info.
+    const args = Object.fromEntries(url.searchParams);
+    let body = null;
+    if (args.op === "write") {
+      const data = args.breakAfter === undefined
+        ? Buffer.from(await new Response(Readable.toWeb(req)).arrayBuffer())
+        : Buffer.alloc(Number(args.breakAfter));
+      let offset = 0;
+      body = new ReadableStream({
+        pull(controller) {
+          if (offset >= data.length) {
+            if (args.breakAfter === undefined) controller.close();
+            else controller.error(new Error("Network connection lost. (harness: breakAfter)"));
+            return;
+          }
+          controller.enqueue(new Uint8Array(data.subarray(offset, offset + 65536)));
+          offset += 65536;
+        },
+      });
+    }
+    const answer = await python.backups(JSON.stringify(args), body, env);
+    if (typeof answer === "string") return json(JSON.parse(answer));
+    const [info, stream] = answer;
+    return new Response(stream, { headers: { "content-type": "application/zstd", "x-backup-info": info } });
+  }
+  if (url.pathname === "/__harness/r2") {
+    const key = url.searchParams.get("delete");
+    if (key !== null) {
+      record("harness.r2.delete", null, { key });
+      if (backups.objects.delete(key)) fs.rmSync(backups.file(key), { force: true });
+    }
+    return json({
+      objects: [...backups.objects.values()].map((m) => ({ key: m.key, size: m.size, file: backups.file(m.key) })),
+      uploads: [...backups.uploads.entries()].map(([id, u]) => ({ uploadId: id, key: u.key, state: u.state })),
+    });
+  }
+  if (url.pathname === "/__harness/r2probe") return json(await r2Probe());
   if (url.pathname === "/__harness/advance") {
     // Move time forward and deliver every alarm that is now due, answering once their handlers finished.
     // Idle objects are evicted first, as time passing would have (a due alarm then wakes a fresh instance).
