@@ -18,6 +18,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import stat
 from collections.abc import Callable, Iterator
 from typing import IO, Any
 from urllib.parse import quote, urlsplit
@@ -368,11 +369,93 @@ class Client:
     def delete_workspace(self, ns: str, ws: str) -> dict:
         return self._json("DELETE", self._workspace(ns, ws), params={"confirm": "true"}, read_timeout=LIFECYCLE_TIMEOUT)
 
-    def snapshot(self, ns: str, ws: str) -> dict:
-        return self._json("POST", self._workspace(ns, ws, "snapshot"), read_timeout=LIFECYCLE_TIMEOUT)
+    def snapshot(self, ns: str, ws: str, *, label: str | None = None, keep: bool = False) -> dict:
+        body: dict[str, Any] = {}
+        if label is not None:
+            body["label"] = label
+        if keep:
+            body["keep"] = True
+        url = self._workspace(ns, ws, "snapshot")
+        return self._json("POST", url, json=body or None, read_timeout=LIFECYCLE_TIMEOUT)
 
     def snapshots(self, ns: str, ws: str) -> list[dict]:
         return self._json("GET", self._workspace(ns, ws, "snapshots"))["snapshots"]
+
+    def patch_snapshot(self, ns: str, ws: str, snapshot_id: str, **fields: Any) -> dict:
+        """Relabel (`label=`, None clears) or pin/unpin (`keep=`) a snapshot."""
+        return self._json("PATCH", self._workspace(ns, ws, "snapshots", snapshot_id), json=fields)
+
+    def restore(
+        self,
+        ns: str,
+        ws: str,
+        *,
+        snapshot: str | None = None,
+        backup: str | None = None,
+        discard_changes: bool = False,
+    ) -> dict:
+        """Roll back to a snapshot (an id or "latest") or a backup at the next start."""
+        body: dict[str, Any] = {"snapshot": snapshot} if backup is None else {"backup": backup}
+        if discard_changes:
+            body["discard_changes"] = True
+        url = self._workspace(ns, ws, "restore")
+        return self._json("POST", url, json=body, read_timeout=LIFECYCLE_TIMEOUT)
+
+    def fork(self, ns: str, ws: str, source: tuple[str, str], snapshot: str | None = None, **config: Any) -> dict:
+        """Create workspace `ws` whose first boot restores a snapshot of `source` (its files now when none named)."""
+        origin: dict[str, Any] = {"namespace": check_name(source[0], "namespace"), "workspace": source[1]}
+        if snapshot is not None:
+            origin["snapshot"] = snapshot
+        url = self._workspace(ns, ws)
+        return self._json("PUT", url, json={**config, "from": origin}, read_timeout=LIFECYCLE_TIMEOUT)
+
+    def backup(self, ns: str, ws: str) -> dict:
+        return self._json("POST", self._workspace(ns, ws, "backup"), read_timeout=LIFECYCLE_TIMEOUT)
+
+    def backups(self, ns: str, ws: str) -> list[dict]:
+        return self._json("GET", self._workspace(ns, ws, "backups"))["backups"]
+
+    def export(self, ns: str, ws: str, dest: IO[bytes], *, on_progress: Callable[[int], Any] | None = None) -> int:
+        """Stream the workspace's export archive (tar.zst) into `dest`; returns its size. The archive's last
+        member is its manifest, so a cut-off download never imports (TransportError here as well)."""
+        url = self._workspace(ns, ws, "export")
+        written = 0
+        try:
+            timeout = self._timeout(LIFECYCLE_TIMEOUT)
+            with self._http.stream("GET", url, timeout=timeout) as response:
+                if response.status_code != 200:
+                    _raise_for_status(response, _read_capped(response))
+                for chunk in response.iter_raw(COPY_CHUNK):
+                    dest.write(chunk)
+                    written += len(chunk)
+                    if on_progress is not None:
+                        on_progress(written)
+        except httpx.TransportError as exc:
+            raise _transport_error(f"GET {_path(url)} broke off", exc) from None
+        return written
+
+    def import_archive(
+        self, ns: str, ws: str, source: IO[bytes], *, on_progress: Callable[[int], Any] | None = None
+    ) -> dict:
+        """Upload an export archive (a file or a pipe, streamed) into a stopped or never-booted workspace."""
+
+        def chunks() -> Iterator[bytes]:
+            sent = 0
+            while chunk := source.read(COPY_CHUNK):
+                sent += len(chunk)
+                if on_progress is not None:
+                    on_progress(sent)
+                yield chunk
+
+        headers = {"Content-Type": "application/zstd"}
+        try:
+            size = os.fstat(source.fileno()).st_size - source.tell()
+            if size > 0 and stat.S_ISREG(os.fstat(source.fileno()).st_mode):
+                headers["Content-Length"] = str(size)
+        except (OSError, AttributeError, ValueError):
+            pass  # a pipe: sent chunked
+        url = self._workspace(ns, ws, "import")
+        return self._json("PUT", url, content=chunks(), headers=headers, read_timeout=LIFECYCLE_TIMEOUT)
 
     def stop(self, ns: str, ws: str, *, read_timeout: float = LIFECYCLE_TIMEOUT) -> dict:
         return self._json("POST", self._workspace(ns, ws, "stop"), read_timeout=read_timeout)

@@ -262,6 +262,31 @@ class CloudflareContainer:
     def snapshot_expiry(self, alive_from_ms: int) -> int | None:
         return alive_from_ms + SNAPSHOT_LIFETIME_MS
 
+    async def snapshot_ref(self, snapshot_id: str) -> dict[str, Any]:
+        rows = self._storage.sql("SELECT handle, created_at_ms FROM cf_container_snapshots WHERE id = ?", snapshot_id)
+        if not rows:
+            raise ProtocolError("snapshot_not_found")
+        return {"handle": json.loads(rows[0]["handle"]), "created_at_ms": int(rows[0]["created_at_ms"])}
+
+    async def adopt_snapshot(self, ref: dict[str, Any]) -> SnapshotInfo:
+        """A fork records the source's handle: a container snapshot belongs to the application, not to one object,
+        and Cloudflare has no delete, so the source forgetting its handle later takes nothing from the fork. Its
+        life is the source's: counted from when it was made (a restore by either renews it on the platform)."""
+        handle, created = ref["handle"], int(ref["created_at_ms"])
+        info = SnapshotInfo(
+            id=str(handle["id"]),
+            size=int(handle.get("size") or 0),
+            created_at_ms=created,
+            expires_at_ms=self.snapshot_expiry(created),
+        )
+        self._storage.sql(
+            "INSERT OR REPLACE INTO cf_container_snapshots (id, handle, created_at_ms) VALUES (?, ?, ?)",
+            info.id,
+            json.dumps(handle),
+            created,
+        )
+        return info
+
     async def delete_snapshot(self, snapshot_id: str) -> None:
         # Cloudflare expires snapshots on its own (SNAPSHOT_LIFETIME_DAYS) and has no delete; forgetting the handle
         # is all there is to do.

@@ -9,7 +9,7 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
 
-from durable.ports import SnapshotInfo
+from durable.ports import BackupInfo, SnapshotInfo
 from durable.state import BootMode
 
 Listener = Callable[[dict], Awaitable[None]]
@@ -19,6 +19,7 @@ Listener = Callable[[dict], Awaitable[None]]
 class BootOutcome:
     container: BootMode
     snapshot: SnapshotInfo | None = None  # the snapshot a `restored` container came from
+    backup: BackupInfo | None = None  # ...or the backup, when every snapshot had expired
 
 
 class SharedBoot:

@@ -9,7 +9,7 @@ No runtime imports: this runs under CPython and Pyodide.
 """
 
 from dataclasses import MISSING, asdict, dataclass, fields, is_dataclass
-from typing import Any, get_origin
+from typing import Any, get_args, get_origin
 
 from protocol.errors import ProtocolError
 from protocol.validate import ExecRequest, WorkspaceConfig
@@ -21,8 +21,54 @@ class NoArgs:
 
 
 @dataclass(frozen=True)
+class ForkSource:
+    """PUT {"from": …}: the workspace (and snapshot; None = its files as they are now) a new one starts from."""
+
+    namespace: str
+    workspace: str
+    snapshot: str | None = None  # an id, "latest", or None
+    image_given: bool = False  # the PUT named an image (otherwise the fork takes its source's)
+
+
+@dataclass(frozen=True)
 class PutConfigArgs:
     config: WorkspaceConfig  # validated, with the deployment's default instance filled in
+    source: ForkSource | None = None
+    # The source's snapshot, shared with this workspace by the edge (SHARE_SNAPSHOT) before the PUT reaches it
+    fork: dict[str, Any] | None = None
+
+
+@dataclass(frozen=True)
+class ShareArgs:
+    """What a fork asks of its source: a snapshot to share (None = a new one when it runs, else its newest)."""
+
+    snapshot: str | None = None
+
+
+@dataclass(frozen=True)
+class SnapshotArgs:
+    label: str | None = None
+    keep: bool = False
+
+
+@dataclass(frozen=True)
+class PatchSnapshotArgs:
+    snapshot_id: str
+    label: str | None = None
+    set_label: bool = False  # the body named "label" (null clears it)
+    keep: bool | None = None
+
+
+@dataclass(frozen=True)
+class RestoreArgs:
+    snapshot: str | None = None  # an id or "latest"
+    backup: str | None = None  # exactly one of the two
+    discard_changes: bool = False
+
+
+@dataclass(frozen=True)
+class ImportArgs:
+    length: int | None  # the archive's Content-Length, when sent
 
 
 @dataclass(frozen=True)
@@ -109,8 +155,15 @@ REATTACH = Operation("reattach", ReattachArgs)
 CANCEL = Operation("cancel", CancelArgs)
 READ_FILE = Operation("read_file", ReadFileArgs)
 WRITE_FILE = Operation("write_file", WriteFileArgs, streams_body=True)
-SNAPSHOT = Operation("snapshot", NoArgs)
+SNAPSHOT = Operation("snapshot", SnapshotArgs)
 SNAPSHOTS = Operation("snapshots", NoArgs)
+PATCH_SNAPSHOT = Operation("patch_snapshot", PatchSnapshotArgs)
+RESTORE = Operation("restore", RestoreArgs)
+SHARE_SNAPSHOT = Operation("share_snapshot", ShareArgs)  # the edge's, for a fork: no route of its own
+EXPORT = Operation("export", NoArgs)
+IMPORT = Operation("import", ImportArgs, streams_body=True)
+BACKUP = Operation("backup", NoArgs)
+BACKUPS = Operation("backups", NoArgs)
 STOP = Operation("stop", NoArgs)
 PUT_SERVICE = Operation("put_service", PutServiceArgs)
 LIST_SERVICES = Operation("list_services", NoArgs)
@@ -120,6 +173,9 @@ PROXY = Operation("proxy", ProxyArgs, streams_body=True)
 PUT_SECRET = Operation("put_secret", PutSecretArgs)
 LIST_SECRETS = Operation("list_secrets", NoArgs)
 DELETE_SECRET = Operation("delete_secret", SecretArgs)
+
+# Called by the edge itself, never by a route of their own (a fork asks its source for a snapshot)
+EDGE_ONLY: frozenset[Operation] = frozenset({SHARE_SNAPSHOT})
 
 OPERATIONS: dict[str, Operation] = {
     op.name: op
@@ -134,6 +190,13 @@ OPERATIONS: dict[str, Operation] = {
         WRITE_FILE,
         SNAPSHOT,
         SNAPSHOTS,
+        PATCH_SNAPSHOT,
+        RESTORE,
+        SHARE_SNAPSHOT,
+        EXPORT,
+        IMPORT,
+        BACKUP,
+        BACKUPS,
         STOP,
         PUT_SERVICE,
         LIST_SERVICES,
@@ -151,6 +214,14 @@ def to_json(args: Any) -> dict[str, Any]:
     return asdict(args)
 
 
+def _dataclass_of(annotation: Any) -> type | None:
+    """The dataclass a field holds: `X` or `X | None`."""
+    if is_dataclass(annotation):
+        return annotation
+    members = [a for a in get_args(annotation) if is_dataclass(a)]
+    return members[0] if len(members) == 1 else None
+
+
 def _build(cls: type, obj: dict[str, Any]) -> Any:
     known = {f.name for f in fields(cls)}
     unknown = set(obj) - known
@@ -163,8 +234,9 @@ def _build(cls: type, obj: dict[str, Any]) -> Any:
                 raise ValueError(f"{cls.__name__} needs {f.name!r}")
             continue
         value = obj[f.name]
-        if is_dataclass(f.type):
-            value = _build(f.type, value)
+        nested = _dataclass_of(f.type)
+        if nested is not None and isinstance(value, dict):
+            value = _build(nested, value)
         elif get_origin(f.type) is tuple and isinstance(value, list):  # JSON has arrays only
             value = tuple(value)
         values[f.name] = value

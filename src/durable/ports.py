@@ -119,6 +119,10 @@ class SnapshotInfo:
     # When the platform deletes it on its own (Cloudflare: 30 days after it was made or last restored); None where
     # snapshots live until deleted (standalone). Set by the container port; a restore extends it (Workspace).
     expires_at_ms: int | None = None
+    # The user's own: a label (POST …/snapshot {"label"}) and a pin that retention honours ({"keep": true}). Set by
+    # the workspace, never by a container port.
+    label: str | None = None
+    kept: bool = False
 
     def expired(self, now_ms: int) -> bool:
         """Past its expiry: the platform no longer restores it, so it is neither listed, kept nor offered."""
@@ -131,7 +135,47 @@ class SnapshotInfo:
             "created_at": iso_ms(self.created_at_ms),
             "size": self.size,
             "expires_at": iso_ms(self.expires_at_ms),
+            "label": self.label,
+            "kept": self.kept,
         }
+
+
+@dataclass(frozen=True)
+class BackupInfo:
+    """One backup: a portable export (docs/protocol.md, "Export archives") kept in the deployment's backup store,
+    listed only once it was read back and matched its sha256."""
+
+    id: str  # b-<13-digit ms>-<6 hex>, time-sortable like snapshot ids
+    size: int  # bytes of the archive
+    created_at_ms: int
+    sha256: str  # of the whole archive
+
+    def to_wire(self) -> dict[str, Any]:
+        return {"id": self.id, "created_at": iso_ms(self.created_at_ms), "size": self.size, "sha256": self.sha256}
+
+
+class BackupStore(Protocol):
+    """Where backups live beyond the container platform's snapshot lifetime: an R2 bucket binding written by the
+    object (Cloudflare; no credentials ever reach a container), a directory such as another disk (standalone,
+    BACKUP_DIR). Keyed by namespace/workspace/id; the store is the truth about which backups exist."""
+
+    available: bool  # False: none configured; backup routes answer backups_unavailable
+
+    async def write(self, namespace: str, workspace: str, backup_id: str, body: Any, created_at_ms: int) -> BackupInfo:
+        """Store `body` (an opaque stream: a ContainerResponse.body of the supervisor's export) as backup
+        `backup_id`, read it back, and list it only when it matched the sha256 of what was written. Raises
+        ProtocolError('backup_failed') — the store is full, gone, or gave back other bytes — leaving nothing listed
+        (and nothing half-written under the final name)."""
+
+    async def list(self, namespace: str, workspace: str) -> list[BackupInfo]:
+        """The good backups of one workspace, newest first."""
+
+    async def open(self, namespace: str, workspace: str, backup_id: str) -> tuple[BackupInfo, Any]:
+        """A backup and its archive as an opaque stream a Container.fetch can send as its body. Raises
+        ProtocolError('backup_not_found')."""
+
+    async def delete(self, namespace: str, workspace: str, backup_id: str) -> None:
+        """Remove a backup (missing is fine)."""
 
 
 class ContainerGone(Exception):
@@ -205,6 +249,16 @@ class Container(Protocol):
     def snapshot_expiry(self, alive_from_ms: int) -> int | None:
         """When a snapshot made or last restored at `alive_from_ms` expires: Cloudflare keeps one 30 days from
         then; None where snapshots never expire (standalone). The workspace asks after each restore."""
+
+    async def snapshot_ref(self, snapshot_id: str) -> dict[str, Any]:
+        """A JSON-shaped reference to one of this workspace's snapshots that another workspace of the same
+        deployment can adopt (a fork): standalone where its archives are, Cloudflare the platform's handle. Raises
+        ProtocolError('snapshot_not_found') when it is gone."""
+
+    async def adopt_snapshot(self, ref: dict[str, Any]) -> SnapshotInfo:
+        """Make a snapshot another workspace shared (snapshot_ref) this workspace's own, so a boot can restore it:
+        standalone links its archives (every link of an incremental chain) into this workspace's store; Cloudflare
+        records the handle. The source keeps its snapshot. Raises ProtocolError('snapshot_not_found')."""
 
     async def delete_snapshot(self, snapshot_id: str) -> None:
         """Drop a snapshot the retention policy no longer keeps, or one that expired (Cloudflare has no delete: it

@@ -8,6 +8,11 @@ time passes; it only ages out of the window.
 An expired snapshot (`SnapshotInfo.expired`: Cloudflare deletes one 30 days after it was made or last restored) is
 gone whatever the policy says: it is never kept and never counted — it takes no day's or week's place, and the
 newest snapshot kept is the newest one still alive. So on Cloudflare the weekly slots reach back 30 days at most.
+
+A kept snapshot (`{"keep": true}`, bounded by MAX_KEPT_SNAPSHOTS) is always kept until it expires, and takes no
+slot: the slots are filled as if it were not there, so pinning one never pushes another out. A labelled snapshot is
+kept for at least LABELLED_MS whatever its slot ("before-migration", then the idle save five minutes later must not
+take its place), and competes for the daily and weekly slots like any other after that.
 """
 
 from collections.abc import Iterable
@@ -21,6 +26,7 @@ DAY_MS = 24 * HOUR_MS
 FINE_SLOT_MS = 5 * MINUTE_MS
 FINE_WINDOW_MS = 2 * HOUR_MS
 HOURLY_WINDOW_MS = 24 * HOUR_MS
+LABELLED_MS = 24 * HOUR_MS
 DAILY_KEEP = 5
 WEEKLY_KEEP = 5
 
@@ -49,10 +55,12 @@ def _newest_per(snapshots: list[SnapshotInfo], key) -> dict[int, SnapshotInfo]:
 
 def keep(snapshots: Iterable[SnapshotInfo], now_ms: int) -> set[str]:
     """The ids of the snapshots to keep (none of them expired at `now_ms`)."""
-    snaps = [s for s in snapshots if not s.expired(now_ms)]
+    alive = [s for s in snapshots if not s.expired(now_ms)]
+    kept: set[str] = {s.id for s in alive if s.kept}
+    kept.update(s.id for s in alive if s.label is not None and now_ms - s.created_at_ms < LABELLED_MS)
+    snaps = [s for s in alive if not s.kept]
     if not snaps:
-        return set()
-    kept: set[str] = set()
+        return kept
     fine = _newest_per(snaps, lambda t: t // FINE_SLOT_MS if now_ms - t < FINE_WINDOW_MS else None)
     hourly = _newest_per(snaps, lambda t: t // HOUR_MS if now_ms - t < HOURLY_WINDOW_MS else None)
     daily = _newest_per(snaps, lambda t: t // DAY_MS)

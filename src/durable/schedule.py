@@ -1,5 +1,6 @@
 """One runtime alarm multiplexes the workspace's deadlines: idle (save and stop), checkpoint (periodic
-snapshot) and retry (a failed save). Deadlines persist in storage, so a restarted runtime re-arms them."""
+snapshot), retry (a failed save) and backup (BACKUP_INTERVAL_SECONDS, while the workspace runs). Deadlines
+persist in storage, so a restarted runtime re-arms them."""
 
 from durable.ports import Alarm
 from durable.store import Store
@@ -7,6 +8,7 @@ from durable.store import Store
 IDLE = "idle"
 CHECKPOINT = "checkpoint"
 RETRY = "retry"
+BACKUP = "backup"
 
 RETRY_FIRST_SECONDS = 30
 RETRY_MAX_SECONDS = 15 * 60

@@ -12,6 +12,8 @@ SETTING_VARS = (
     "ALLOWED_INSTANCE_TYPES",
     "DEFAULT_INSTANCE_TYPE",
     "SNAPSHOT_INTERVAL_SECONDS",
+    "MAX_KEPT_SNAPSHOTS",
+    "BACKUP_INTERVAL_SECONDS",
     "IMAGES",
     "MAX_FILE_READ_BYTES",
     "MAX_FILE_WRITE_BYTES",
@@ -55,6 +57,8 @@ class Settings:
     allowed_instance_types: tuple[str, ...] = ("lite", "standard-1")
     default_instance_type: str = "standard-1"
     snapshot_interval_seconds: int = 0  # 0: periodic checkpoints off
+    max_kept_snapshots: int = 10  # snapshots pinned with {"keep": true}, which retention never drops
+    backup_interval_seconds: int = 0  # 0: no backups on a schedule (POST …/backup still writes one)
     images: tuple[str, ...] = DEFAULT_IMAGES
     max_file_read_bytes: int = limits.MAX_FILE_READ_BYTES
     max_file_write_bytes: int = limits.MAX_FILE_WRITE_BYTES
@@ -94,6 +98,10 @@ class Settings:
             default_instance_type=default,
             snapshot_interval_seconds=_int(
                 env.get("SNAPSHOT_INTERVAL_SECONDS"), 0, 0, 7 * 86400, "SNAPSHOT_INTERVAL_SECONDS"
+            ),
+            max_kept_snapshots=_int(env.get("MAX_KEPT_SNAPSHOTS"), 10, 0, 1000, "MAX_KEPT_SNAPSHOTS"),
+            backup_interval_seconds=_int(
+                env.get("BACKUP_INTERVAL_SECONDS"), 0, 0, 365 * 86400, "BACKUP_INTERVAL_SECONDS"
             ),
             images=images,
             max_file_read_bytes=_int(

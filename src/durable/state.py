@@ -1,8 +1,9 @@
 """The persisted workspace record and its lifecycle state machine (DESIGN §4).
 
 created → starting|restoring → running → saving → stopped → restoring|starting → …, plus lost. A failed start
-goes back to where it came from (created, or stopped when the workspace booted before). `deleted` is never
-stored: deleting wipes the record, and a wiped record reads as "no workspace".
+goes back to where it came from (created, or stopped when the workspace booted before). A rollback, a fork or a
+restored backup rests a workspace at stopped (from created, running or lost) with its next restore point set.
+`deleted` is never stored: deleting wipes the record, and a wiped record reads as "no workspace".
 """
 
 from collections.abc import Callable
@@ -40,7 +41,8 @@ class BootMode(StrEnum):
 STATES = tuple(Lifecycle)
 
 TRANSITIONS: dict[Lifecycle, frozenset[Lifecycle]] = {
-    Lifecycle.CREATED: frozenset({Lifecycle.STARTING}),
+    # created → stopped: a fork, or a restore into a workspace that never ran, gives it files to come back to
+    Lifecycle.CREATED: frozenset({Lifecycle.STARTING, Lifecycle.STOPPED}),
     Lifecycle.STARTING: frozenset({Lifecycle.RUNNING, Lifecycle.CREATED, Lifecycle.STOPPED}),
     Lifecycle.RESTORING: frozenset({Lifecycle.RUNNING, Lifecycle.STOPPED}),
     # from running: save, a noticed crash (restart / restore / lost), or a stop of a dead container
@@ -49,7 +51,7 @@ TRANSITIONS: dict[Lifecycle, frozenset[Lifecycle]] = {
     ),
     Lifecycle.SAVING: frozenset({Lifecycle.RUNNING, Lifecycle.STOPPED, Lifecycle.LOST}),
     Lifecycle.STOPPED: frozenset({Lifecycle.STARTING, Lifecycle.RESTORING, Lifecycle.LOST}),
-    Lifecycle.LOST: frozenset(),
+    Lifecycle.LOST: frozenset({Lifecycle.STOPPED}),  # a backup restored into it
 }
 
 
@@ -59,10 +61,17 @@ class IllegalTransition(RuntimeError):
 
 def _snapshot(row: dict[str, Any]) -> SnapshotInfo:
     expires = row["expires_at_ms"]
-    return SnapshotInfo(row["id"], row["size"], row["created_at_ms"], None if expires is None else int(expires))
+    return SnapshotInfo(
+        row["id"],
+        row["size"],
+        row["created_at_ms"],
+        None if expires is None else int(expires),
+        label=row["label"],
+        kept=bool(row["kept"]),
+    )
 
 
-_COLUMNS = "id, created_at_ms, size, expires_at_ms"
+_COLUMNS = "id, created_at_ms, size, expires_at_ms, label, kept"
 _NEWEST_FIRST = "ORDER BY created_at_ms DESC, id DESC"
 _LIVE = "expires_at_ms IS NULL OR expires_at_ms > ?"  # SnapshotInfo.expired, in SQL
 
@@ -121,14 +130,47 @@ class WorkspaceState:
     # --- snapshots -------------------------------------------------------------------------------------------
 
     def add_snapshot(self, info: SnapshotInfo) -> None:
-        """Record a snapshot, or its new expiry (a restore extends it on Cloudflare)."""
+        """Record a snapshot, or its new expiry (a restore extends it on Cloudflare), label and pin."""
         self._store.sql(
-            "INSERT OR REPLACE INTO snapshots (id, created_at_ms, size, expires_at_ms) VALUES (?, ?, ?, ?)",
+            "INSERT OR REPLACE INTO snapshots (id, created_at_ms, size, expires_at_ms, label, kept)"
+            " VALUES (?, ?, ?, ?, ?, ?)",
             info.id,
             int(info.created_at_ms),
             int(info.size),
             None if info.expires_at_ms is None else int(info.expires_at_ms),
+            info.label,
+            1 if info.kept else 0,
         )
+
+    def live_snapshot(self, snapshot_id: str, now_ms: int) -> SnapshotInfo | None:
+        """One snapshot by id, None when unknown or expired (neither listed nor restorable)."""
+        rows = self._store.sql(f"SELECT {_COLUMNS} FROM snapshots WHERE id = ? AND ({_LIVE})", snapshot_id, int(now_ms))
+        return _snapshot(rows[0]) if rows else None
+
+    def kept_count(self, now_ms: int) -> int:
+        """Pinned snapshots still alive: the ones MAX_KEPT_SNAPSHOTS bounds."""
+        rows = self._store.sql(f"SELECT COUNT(*) AS n FROM snapshots WHERE kept = 1 AND ({_LIVE})", int(now_ms))
+        return int(rows[0]["n"])
+
+    # --- the next boot's restore point (a rollback, a backup restore, a fork) ------------------------------------
+
+    @property
+    def restore_to(self) -> dict[str, str] | None:
+        """{"snapshot": id} or {"backup": id}: what the next boot restores instead of the newest snapshot."""
+        return self._store.get("restore_to")
+
+    def set_restore_to(self, point: dict[str, str] | None) -> None:
+        if point is None:
+            self._store.delete("restore_to")
+        else:
+            self._store.put("restore_to", point)
+
+    def rest(self, now_ms: int) -> None:
+        """After a rollback: no container, files as of the chosen restore point at the next boot. A workspace
+        that never booted (a fork's, a backup's) counts as booted from here on: its first boot restores."""
+        self.set_state(Lifecycle.STOPPED)
+        self._store.put("booted", True)
+        self.touch(now_ms)
 
     def remove_snapshot(self, snapshot_id: str) -> None:
         self._store.sql("DELETE FROM snapshots WHERE id = ?", snapshot_id)

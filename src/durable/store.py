@@ -13,7 +13,7 @@ _SCHEMA = (
     "CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL)",
     # expires_at_ms: NULL where the platform never expires a snapshot (standalone)
     "CREATE TABLE IF NOT EXISTS snapshots (id TEXT PRIMARY KEY, created_at_ms INTEGER NOT NULL, size INTEGER NOT NULL,"
-    " expires_at_ms INTEGER)",
+    " expires_at_ms INTEGER, label TEXT, kept INTEGER NOT NULL DEFAULT 0)",
     "CREATE TABLE IF NOT EXISTS ledger (seq INTEGER PRIMARY KEY, request_id TEXT NOT NULL UNIQUE, kind TEXT NOT NULL)",
 )
 _TABLES = ("meta", "snapshots", "ledger")
@@ -27,6 +27,8 @@ class Store:
         # True when this construction added snapshots.expires_at_ms to a table made before it existed: its rows'
         # expiries are unknown until the workspace fills them in (WorkspaceState.fill_expiries)
         self.added_expiry = self._add_column("snapshots", "expires_at_ms", "INTEGER")
+        self._add_column("snapshots", "label", "TEXT")  # labels and pins came later still
+        self._add_column("snapshots", "kept", "INTEGER NOT NULL DEFAULT 0")
 
     def _add_column(self, table: str, column: str, kind: str) -> bool:
         """Add a column a table made by an older release lacks (CREATE TABLE IF NOT EXISTS keeps the old shape).

@@ -14,12 +14,15 @@ from typing import Any
 
 from durable import operations as ops
 from durable import retention, supervisor_client
+from durable.backups import BackupBook
 from durable.boot import BootOutcome, Listener, SharedBoot
 from durable.launches import Launches
 from durable.ledger import CANCELLED_EARLY, EXEC, Ledger
 from durable.ports import (
     JSON_TYPE,
     Alarm,
+    BackupInfo,
+    BackupStore,
     Cipher,
     Clock,
     Container,
@@ -31,7 +34,7 @@ from durable.ports import (
     Streams,
 )
 from durable.relay import EventWriter, InFlight, relaying, stream_response
-from durable.schedule import CHECKPOINT, IDLE, RETRY, RETRY_FIRST_SECONDS, Schedule
+from durable.schedule import BACKUP, CHECKPOINT, IDLE, RETRY, RETRY_FIRST_SECONDS, Schedule
 from durable.services import ServiceBook, describe
 from durable.settings import Settings
 from durable.state import BootMode, Lifecycle, WorkspaceState
@@ -41,11 +44,15 @@ from protocol import proxy
 from protocol.errors import ProtocolError
 from protocol.events import error_event, started_event, status_event
 from protocol.services import service_from_json
+from protocol.snapshots import LATEST
 from protocol.validate import ExecRequest
 
 log = logging.getLogger("flarebox.workspace")
 
 _PASS_HEADERS = ("content-type", "content-length")
+# Set while a boot loads an archive (an import, a backup) into a new container, until the loaded files are saved: a
+# disk left behind by a runtime killed meanwhile is discarded, never restarted on (it holds a half-loaded tree).
+_LOADING = "loading_archive"
 # A proxied request's idle push is skipped while the stored deadline already covers it (see _touch): at most one
 # write a second, the deadline that much later than idle_seconds after the last activity, never earlier.
 TOUCH_SLACK_MS = 1000
@@ -64,6 +71,7 @@ class Workspace:
         container: Container,
         streams: Streams,
         cipher: Cipher,
+        backups: BackupStore,
     ):
         self.namespace = namespace
         self.name = name
@@ -78,6 +86,7 @@ class Workspace:
         self.ledger = Ledger(store)
         self.schedule = Schedule(store)
         self.services = ServiceBook(storage, cipher, namespace, name)
+        self.backups = BackupBook(backups, store, namespace, name, settings.backup_interval_seconds)
         self._lifecycle = asyncio.Lock()
         self._boot = SharedBoot()
         self._launches = Launches()
@@ -93,6 +102,13 @@ class Workspace:
             ops.WRITE_FILE: self._op_write_file,
             ops.SNAPSHOT: self._op_snapshot,
             ops.SNAPSHOTS: self._op_snapshots,
+            ops.PATCH_SNAPSHOT: self._op_patch_snapshot,
+            ops.RESTORE: self._op_restore,
+            ops.SHARE_SNAPSHOT: self._op_share_snapshot,
+            ops.EXPORT: self._op_export,
+            ops.IMPORT: self._op_import,
+            ops.BACKUP: self._op_backup,
+            ops.BACKUPS: self._op_backups,
             ops.STOP: self._op_stop,
             ops.PUT_SERVICE: self._op_put_service,
             ops.LIST_SERVICES: self._op_list_services,
@@ -117,7 +133,14 @@ class Workspace:
         elif state == Lifecycle.SAVING:
             self.state.set_state(Lifecycle.RUNNING)
         if self.state.state == Lifecycle.RUNNING and not self.container.running():
-            self.state.set_state(self._resting_state())
+            self.state.set_state(self._resting_state_now())
+
+    def _resting_state_now(self) -> Lifecycle:
+        """_resting_state without asking the backup store (a constructor cannot wait): stopped while a backup
+        may still bring it back — GET then says lost once the store says there is none (_status)."""
+        now = self.clock.now_ms()
+        comes_back = self.container.has_disk() or self.state.restore_to or self.state.newest_snapshot(now)
+        return Lifecycle.STOPPED if comes_back or self.backups.available else Lifecycle.LOST
 
     # --- dispatch ------------------------------------------------------------------------------------------
 
@@ -168,7 +191,7 @@ class Workspace:
 
     async def _status(self, http_status: int = 200) -> Response:
         now = self.clock.now_ms()
-        if self.state.state == Lifecycle.STOPPED and self._resting_state() == Lifecycle.LOST:
+        if self.state.state == Lifecycle.STOPPED and await self._resting_state() == Lifecycle.LOST:
             self.state.set_state(Lifecycle.LOST)  # its last snapshot expired: say so now, not at the next boot
         running = self._container_up()
         busy = running and await supervisor_client.running_commands(self.container) > 0
@@ -180,7 +203,13 @@ class Workspace:
     async def _op_put_config(self, args: ops.PutConfigArgs, body: Any) -> Response:
         config = args.config.to_json()
         if not self.state.exists:
-            self.state.create(config, self.clock.now_ms())
+            adopted = await self.container.adopt_snapshot(args.fork) if args.fork is not None else None
+            now = self.clock.now_ms()
+            self.state.create(config, now)
+            if adopted is not None:  # a fork: its first boot restores the source's snapshot
+                self.state.add_snapshot(replace(adopted, label=None, kept=False))
+                self.state.set_restore_to({"snapshot": adopted.id})
+                self.state.rest(now)
             return await self._status(201)
         if self.state.config != config:
             raise ProtocolError("config_conflict", f"the workspace exists with config {json.dumps(self.state.config)}")
@@ -194,6 +223,40 @@ class Workspace:
         state = self._require()
         live = state.live_snapshots(self.clock.now_ms())  # an expired snapshot is gone: never listed
         return Response.json(200, {"snapshots": [s.to_wire() for s in live]})
+
+    async def _op_patch_snapshot(self, args: ops.PatchSnapshotArgs, body: Any) -> Response:
+        self._require()
+        snap = self._live_snapshot(args.snapshot_id)
+        label = args.label if args.set_label else snap.label
+        return Response.json(200, self._mark(snap, label, snap.kept if args.keep is None else args.keep).to_wire())
+
+    def _live_snapshot(self, snapshot_id: str) -> SnapshotInfo:
+        now = self.clock.now_ms()
+        if snapshot_id == LATEST:
+            snap = self.state.newest_snapshot(now)
+        else:
+            snap = self.state.live_snapshot(snapshot_id, now)
+        if snap is None:
+            raise ProtocolError("snapshot_not_found")
+        return snap
+
+    def _mark(self, snap: SnapshotInfo, label: str | None, kept: bool) -> SnapshotInfo:
+        """Give a recorded snapshot its label and pin; too_many_kept when pinning one more than MAX_KEPT_SNAPSHOTS."""
+        if kept and not snap.kept:
+            self._room_to_keep()
+        marked = replace(snap, label=label, kept=kept)
+        if marked != snap:
+            self.state.add_snapshot(marked)
+        return marked
+
+    def _room_to_keep(self) -> None:
+        limit = self.settings.max_kept_snapshots
+        if self.state.kept_count(self.clock.now_ms()) >= limit:
+            raise ProtocolError(
+                "too_many_kept",
+                f"the workspace already keeps {limit} snapshots (MAX_KEPT_SNAPSHOTS): unpin one with"
+                ' PATCH …/snapshots/{id} {"keep": false} first',
+            )
 
     # --- boot ----------------------------------------------------------------------------------------------
 
@@ -209,25 +272,40 @@ class Workspace:
         async with self._lifecycle:
             return await self._boot_locked()
 
-    async def _boot_locked(self) -> BootOutcome:
+    async def _boot_locked(
+        self, *, blank: bool = False, load: Callable[[], Awaitable[Any]] | None = None
+    ) -> BootOutcome:
+        """Boot the container. `blank` (an import, which replaces every file): a new container from the image
+        whatever the workspace held, `load` run in it before it counts as booted — a failure there ends the boot
+        like any other, so the workspace rests where it was and its snapshots stay as they were."""
         state = self._require()
         config = state.config
         if state.state == Lifecycle.RUNNING and self.container.running():
             return BootOutcome(BootMode.CONTINUING)
-        snapshot = None
-        if not state.booted:
-            mode, phase, message = BootMode.FRESH, Lifecycle.STARTING, "starting a new container"
+        if self._store.get(_LOADING) and self.container.has_disk():
+            # a runtime killed while an archive was loaded left a disk that is neither the old files nor the new
+            await self._destroy_quietly()
+        self._store.delete(_LOADING)
+        snapshot: SnapshotInfo | None = None
+        backup: str | None = None  # a backup's id: a new container, then the backup imported into it
+        if blank or not state.booted:
+            mode, phase = BootMode.FRESH, Lifecycle.STARTING
+            message = "starting a new container for the import" if blank else "starting a new container"
         elif self.container.has_disk():
             mode, phase = BootMode.RESTARTED, Lifecycle.STARTING
             message = "restarting the container on its surviving disk"
         else:
-            snapshot = self._restore_point(self.clock.now_ms())
-            if snapshot is None:
+            point = await self._restore_point(self.clock.now_ms())
+            if point is None:
                 state.set_state(Lifecycle.LOST)
                 self.schedule.clear_all()
                 await self.schedule.arm(self.alarm_port)
                 raise self._lost()
-            mode, phase, message = BootMode.RESTORED, Lifecycle.RESTORING, f"restoring snapshot {snapshot.id}"
+            mode, phase = BootMode.RESTORED, Lifecycle.RESTORING
+            if isinstance(point, SnapshotInfo):
+                snapshot, message = point, f"restoring snapshot {point.id}"
+            else:
+                backup, message = point, f"restoring backup {point} (no snapshot of it is left)"
         fallback = Lifecycle.STOPPED if state.booted else Lifecycle.CREATED
         if state.state == Lifecycle.RUNNING:  # a crash noticed now: the state machine passes through stopped
             state.set_state(Lifecycle.STOPPED)
@@ -241,11 +319,18 @@ class Workspace:
             snapshot_id=snapshot.id if snapshot else None,
         )
         restore_at = self.clock.now_ms()  # the platform restores no earlier: a renewed life counted from here
+        restored_backup: BackupInfo | None = None
+        if backup is not None or load is not None:
+            self._store.put(_LOADING, True)  # until the loaded files are saved (or the boot failed)
         try:
             await self.container.start(spec)
             await supervisor_client.wait_ready(self.container, self.clock)
             if mode == BootMode.FRESH:
                 await supervisor_client.make_dir(self.container, config["cwd"])
+            if backup is not None:
+                restored_backup = await self.backups.load_into(self.container, backup)
+            if load is not None:
+                await load()
             await self.services.start_all(self.container, config["cwd"])  # processes never survive a boot
         except BaseException as exc:
             if state.state == phase:
@@ -253,22 +338,45 @@ class Workspace:
             damaged = isinstance(exc, ProtocolError) and exc.code == "snapshot_damaged"
             if mode != BootMode.RESTARTED and not damaged:
                 await self._destroy_quietly()  # a half-started container must not linger
+                self._store.delete(_LOADING)
             raise
         if snapshot is not None:
             snapshot = self._renewed(snapshot, restore_at)
         state.mark_booted()
         state.set_state(Lifecycle.RUNNING)
+        if restored_backup is not None and state.persistent:
+            await self._save_quietly()  # its files are a snapshot again at once: the next stop need not wait
         if state.persistent and self.settings.snapshot_interval_seconds > 0:
             self.schedule.set_at(CHECKPOINT, self.clock.now_ms() + self.settings.snapshot_interval_seconds * 1000)
-            await self.schedule.arm(self.alarm_port)
+        if state.persistent and self.backups.available and self.settings.backup_interval_seconds > 0:
+            self.schedule.set_at(BACKUP, self.clock.now_ms() + self.settings.backup_interval_seconds * 1000)
+        await self.schedule.arm(self.alarm_port)
         await self._boot.emit(status_event("ready"))
-        return BootOutcome(mode, snapshot)
+        return BootOutcome(mode, snapshot, restored_backup)
 
-    def _restore_point(self, now_ms: int) -> SnapshotInfo | None:
-        """What a boot restores when the workspace booted before and no disk survived: the newest snapshot that
-        has not expired. None: nothing to come back from (workspace_lost). The seam for a fallback when every
-        snapshot is gone (the snapshots issue's backups): offer it here, and boot, GET and the alarm follow."""
-        return self.state.newest_snapshot(now_ms)
+    async def _save_quietly(self) -> None:
+        try:
+            await self._checkpoint()
+        except Exception as exc:
+            log.warning("saving %s/%s after restoring a backup failed: %s", self.namespace, self.name, exc)
+
+    async def _restore_point(self, now_ms: int) -> SnapshotInfo | str | None:
+        """What a boot restores when the workspace booted before and no disk survived: the point a rollback chose,
+        else the newest snapshot that has not expired, else (every snapshot expired) the newest backup's id. None:
+        nothing to come back from (workspace_lost). A backup store that cannot answer raises: never `lost` for an
+        outage."""
+        chosen = self.state.restore_to or {}
+        if "backup" in chosen:
+            return chosen["backup"]
+        if "snapshot" in chosen:
+            picked = self.state.live_snapshot(chosen["snapshot"], now_ms)
+            if picked is not None:
+                return picked
+        newest = self.state.newest_snapshot(now_ms)
+        if newest is not None:
+            return newest
+        backup = await self.backups.newest()
+        return backup.id if backup is not None else None
 
     def _lost(self) -> ProtocolError:
         """workspace_lost, saying why when snapshots were taken but all of them expired."""
@@ -343,7 +451,8 @@ class Workspace:
         if self._launches.cancelled(rid):
             raise ProtocolError("command_cancelled")
         snapshot = boot.snapshot.to_wire() if boot.snapshot is not None else None
-        await writer.event(started_event(rid, boot.container, snapshot))
+        backup = boot.backup.to_wire() if boot.backup is not None else None
+        await writer.event(started_event(rid, boot.container, snapshot, backup))
         env = {**request.env, **await self.services.open_secrets(request.secrets)}
         payload = {**request.to_json(), "cwd": request.cwd or self.state.config["cwd"], "env": env, "secrets": []}
         resp = await self.container.fetch(
@@ -562,25 +671,35 @@ class Workspace:
 
     # --- snapshots, stop, delete ---------------------------------------------------------------------------
 
-    async def _checkpoint(self) -> SnapshotInfo:
+    async def _checkpoint(
+        self, label: str | None = None, keep: bool = False, protect: str | None = None
+    ) -> SnapshotInfo:
         """A snapshot that keeps the container running (POST …/snapshot, periodic checkpoints): `saving` while
         it is written. Caller holds the lifecycle lock."""
         self.state.set_state(Lifecycle.SAVING)
         try:
-            return await self._take_snapshot()
+            return await self._take_snapshot(label, keep, protect)
         finally:
             self.state.set_state(Lifecycle.RUNNING)
 
-    async def _take_snapshot(self) -> SnapshotInfo:
-        """Snapshot the running container, record it and apply retention. Caller holds the lifecycle lock."""
+    async def _take_snapshot(
+        self, label: str | None = None, keep: bool = False, protect: str | None = None
+    ) -> SnapshotInfo:
+        """Snapshot the running container, record it with its label and pin, and apply retention (never to
+        `protect`: a rollback's target). Caller holds the lifecycle lock."""
+        if keep:
+            self._room_to_keep()  # before the save: a refused pin costs nothing
         await supervisor_client.sync(self.container)
-        info = await self.container.snapshot()
+        info = replace(await self.container.snapshot(), label=label, kept=keep)
         self.state.add_snapshot(info)
-        await self._apply_retention()
+        self.state.set_restore_to(None)  # a rollback's point is superseded: these files are newer
+        self._store.delete(_LOADING)  # loaded files are a snapshot now: a surviving disk may be restarted on
+        await self._apply_retention(protect)
         return info
 
-    async def _apply_retention(self) -> None:
-        for snap in retention.drop(self.state.snapshots(), self.clock.now_ms()):
+    async def _apply_retention(self, protect: str | None = None) -> None:
+        doomed = [s for s in retention.drop(self.state.snapshots(), self.clock.now_ms()) if s.id != protect]
+        for snap in doomed:
             try:
                 await self.container.delete_snapshot(snap.id)
             except Exception:
@@ -588,25 +707,27 @@ class Workspace:
                 continue
             self.state.remove_snapshot(snap.id)
 
-    async def _op_snapshot(self, args: ops.NoArgs, body: Any) -> Response:
+    async def _op_snapshot(self, args: ops.SnapshotArgs, body: Any) -> Response:
+        return Response.json(200, (await self._save_now(args.label, args.keep)).to_wire())
+
+    async def _save_now(self, label: str | None = None, keep: bool = False) -> SnapshotInfo:
         """Save now. A stop, delete or idle save may take the lifecycle lock between this request's boot and its
         own turn: what it left decides the answer (its snapshot, 404), never container_exited for a container
-        stopped on purpose."""
-        resting = self._snapshot_without_saving()
+        stopped on purpose. A label or pin asked of a workspace at rest goes to the snapshot its files are."""
+        resting = await self._snapshot_without_saving()
         if resting is not None:
-            return Response.json(200, resting.to_wire())
+            return self._mark(resting, label or resting.label, keep or resting.kept)
         if not self._container_up():
             await self._ensure_running()
         async with self._lifecycle:
-            resting = self._snapshot_without_saving()  # again: whatever ran while this request waited
+            resting = await self._snapshot_without_saving()  # again: whatever ran while this request waited
             if resting is not None:
-                return Response.json(200, resting.to_wire())
+                return self._mark(resting, label or resting.label, keep or resting.kept)
             if not self._container_up():
                 raise ProtocolError("container_exited")  # it died on its own since the boot: nothing was saved
-            info = await self._checkpoint()
-        return Response.json(200, info.to_wire())
+            return await self._checkpoint(label, keep)
 
-    def _snapshot_without_saving(self) -> SnapshotInfo | None:
+    async def _snapshot_without_saving(self) -> SnapshotInfo | None:
         """The answer of POST …/snapshot that needs no save, or None when the container's files must be saved (its
         container booted first if it does not run). Raises workspace_not_found, not_persistent, nothing_to_snapshot
         (it never ran: its files are the image's, and booting a container only to save them would cost a boot and a
@@ -621,11 +742,17 @@ class Workspace:
             raise self._lost()
         if self._container_up() or self.container.has_disk():
             return None
-        return self._restore_point(self.clock.now_ms())  # None: a boot restores or answers workspace_lost
+        point = await self._restore_point(self.clock.now_ms())
+        return point if isinstance(point, SnapshotInfo) else None  # None: a boot restores or answers workspace_lost
 
-    def _resting_state(self) -> Lifecycle:
-        """Where a workspace whose container is gone rests: stopped if it can come back, else lost."""
-        if self._restore_point(self.clock.now_ms()) is not None or self.container.has_disk():
+    async def _resting_state(self) -> Lifecycle:
+        """Where a workspace whose container is gone rests: stopped if it can come back, else lost (never for a
+        backup store that could not say: the next boot asks it again)."""
+        try:
+            if self.container.has_disk() or await self._restore_point(self.clock.now_ms()) is not None:
+                return Lifecycle.STOPPED
+        except Exception:
+            log.warning("the backup store of %s/%s did not answer", self.namespace, self.name, exc_info=True)
             return Lifecycle.STOPPED
         return Lifecycle.LOST
 
@@ -633,6 +760,7 @@ class Workspace:
         """Persistent workspaces: snapshot, then destroy. On a failed snapshot the container keeps running and
         the error propagates. Caller holds the lifecycle lock."""
         state = self.state
+        await self._backup_if_due()
         state.set_state(Lifecycle.SAVING)
         try:
             await self._take_snapshot()
@@ -653,6 +781,7 @@ class Workspace:
                 await self.container.delete_snapshot(snap.id)
             except Exception:
                 log.warning("deleting snapshot %s failed", snap.id, exc_info=True)
+        await self.backups.delete_all()
         self._store.wipe()
         self.services.wipe()
         await self.alarm_port.clear()
@@ -667,7 +796,7 @@ class Workspace:
             if self._container_up():
                 await self._save_and_stop()
             elif state.state in (Lifecycle.RUNNING, Lifecycle.SAVING):
-                state.set_state(self._resting_state())
+                state.set_state(await self._resting_state())
                 self.schedule.clear_all()
                 await self.schedule.arm(self.alarm_port)
         return await self._status()
@@ -677,6 +806,135 @@ class Workspace:
         async with self._lifecycle:
             await self._forget()
         return Response.json(200, {"deleted": True})
+
+    # --- rollback, forks, export and import, backups -------------------------------------------------------
+
+    async def _op_restore(self, args: ops.RestoreArgs, body: Any) -> Response:
+        """Make a snapshot (or a backup) the workspace's next start. A running container stops (its processes
+        end); its unsaved files are snapshotted first unless the caller discards them. Waits for a save under way
+        (the lifecycle lock)."""
+        state = self._require()
+        async with self._lifecycle:
+            if args.backup is not None:
+                self.backups.require()
+                target: dict[str, Any] = {"backup": (await self.backups.find(args.backup)).to_wire()}
+                point = {"backup": args.backup}
+            else:
+                snap = self._live_snapshot(args.snapshot or LATEST)
+                target, point = {"snapshot": snap.to_wire()}, {"snapshot": snap.id}
+            safety = None
+            unsaved = self._container_up() or self.container.has_disk()
+            if unsaved and not args.discard_changes:
+                if not state.persistent:
+                    raise ProtocolError("not_persistent")
+                safety = await self._save_before_restore(point.get("snapshot"))
+            if unsaved:
+                await self._destroy_quietly()
+            state.set_restore_to(point)
+            if state.state in (Lifecycle.RUNNING, Lifecycle.SAVING):
+                state.set_state(Lifecycle.STOPPED)
+            state.rest(self.clock.now_ms())
+            self.schedule.clear_all()
+            await self.schedule.arm(self.alarm_port)
+        answer = {**target, "safety_snapshot": safety.to_wire() if safety is not None else None}
+        return Response.json(200, {**answer, "state": Lifecycle.STOPPED})
+
+    async def _save_before_restore(self, keep_id: str | None) -> SnapshotInfo:
+        """The safety snapshot of a rollback: the files as they are, labelled so a person finds them; the rollback's
+        target is protected from the retention this save applies."""
+        label = "before restore"
+        if self.container.running():
+            return await self._checkpoint(label, protect=keep_id)
+        info = replace(await self.container.snapshot(), label=label)  # a crashed sandbox's surviving disk
+        self.state.add_snapshot(info)
+        return info
+
+    async def _op_share_snapshot(self, args: ops.ShareArgs, body: Any) -> Response:
+        """A fork's first step, asked by the edge of the source: a snapshot (None: its files now, saved if it runs)
+        and a reference the new workspace adopts. The source is otherwise untouched."""
+        state = self._require()
+        if not state.persistent:
+            raise ProtocolError("not_persistent", "only a persistent workspace has snapshots to fork from")
+        snap = await self._save_now() if args.snapshot is None else self._live_snapshot(args.snapshot)
+        ref = await self.container.snapshot_ref(snap.id)
+        return Response.json(200, {"snapshot": snap.to_wire(), "ref": ref, "image": state.config["image"]})
+
+    async def _op_export(self, args: ops.NoArgs, body: Any) -> Response:
+        """The workspace's files as a portable tar.zst (docs/protocol.md, "Export archives"), streamed from the
+        running container — booted first if it sleeps, so a stopped workspace exports its newest snapshot. Work
+        in flight until the last byte: the idle save never stops the container under it."""
+        self._require()
+        self._in_flight.__enter__()
+        handed_over = False
+        try:
+            await self._ensure_running()
+            await self._touch()
+            resp = await supervisor_client.export_archive(self.container)
+            sink = self.streams.open()
+            self.clock.spawn(self._relay_answer(sink, resp))
+            handed_over = True
+        finally:
+            if not handed_over:
+                self._in_flight.__exit__(None, None, None)
+        filename = f"{self.namespace}-{self.name}.tar.zst"
+        headers = {"content-type": "application/zstd", "content-disposition": f'attachment; filename="{filename}"'}
+        return Response(200, sink.readable, headers)
+
+    async def _op_import(self, args: ops.ImportArgs, body: Any) -> Response:
+        """Replace every file with an export's: into a new container, verified by the supervisor while it extracts
+        (a damaged archive changes nothing: the new container is discarded, the snapshots stay), then saved at once
+        when the workspace is persistent. Only a workspace at rest: an import under running processes would pull
+        their files away."""
+        state = self._require()
+        async with self._lifecycle:
+            if self._container_up():
+                raise ProtocolError("workspace_running")
+            if state.booted and self.container.has_disk():
+                raise ProtocolError(
+                    "workspace_running",
+                    "the workspace's disk survived a crash with files no snapshot holds: run any command (it restarts"
+                    " on them), POST …/stop to save them, then import",
+                )
+            result: dict[str, Any] = {}
+
+            async def load() -> None:
+                result.update(await supervisor_client.import_archive(self.container, body, args.length))
+
+            await self._boot_locked(blank=True, load=load)
+            saved = await self._checkpoint() if state.persistent else None
+            await self._touch()
+        return Response.json(200, {**result, "snapshot": saved.to_wire() if saved is not None else None})
+
+    async def _op_backup(self, args: ops.NoArgs, body: Any) -> Response:
+        """Write a backup now (the container booted first if it sleeps). A full or missing store answers
+        backup_failed and the workspace keeps running."""
+        state = self._require()
+        self.backups.require()
+        if not state.persistent:
+            raise ProtocolError("not_persistent", "backups are of persistent workspaces")
+        if not state.booted:
+            raise ProtocolError("nothing_to_snapshot", "nothing to back up yet: the workspace has never run")
+        with self._in_flight:
+            await self._ensure_running()
+            info = await self.backups.write(self.container, self.clock.now_ms())
+        return Response.json(200, info.to_wire())
+
+    async def _op_backups(self, args: ops.NoArgs, body: Any) -> Response:
+        self._require()
+        self.backups.require()
+        return Response.json(200, {"backups": [b.to_wire() for b in await self.backups.list()]})
+
+    async def _backup_if_due(self) -> None:
+        """A scheduled backup (BACKUP_INTERVAL_SECONDS) of the running container, before an idle save stops it or
+        when its deadline comes. A failure is logged and changes nothing else: the save goes on."""
+        if not self.state.persistent or not self.backups.due(self.clock.now_ms()):
+            return
+        if not self.container.running():
+            return
+        try:
+            await self.backups.write(self.container, self.clock.now_ms())
+        except Exception as exc:
+            log.warning("backup of %s/%s failed: %s", self.namespace, self.name, exc)
 
     # --- the alarm -----------------------------------------------------------------------------------------
 
@@ -712,7 +970,7 @@ class Workspace:
             # the container died on its own; the next request restores or reports workspace_lost
             self.schedule.clear_all()
             if state.persistent:
-                state.set_state(self._resting_state())
+                state.set_state(await self._resting_state())
             else:
                 await self._forget()
             return
@@ -722,6 +980,9 @@ class Workspace:
                 return
             # a command is still running (or a stream still relayed): it keeps the workspace awake
             self.schedule.push_idle(now + self.settings.idle_seconds * 1000)
+        if BACKUP in due:
+            await self._backup_if_due()
+            self.schedule.set_at(BACKUP, now + self.settings.backup_interval_seconds * 1000)
         if CHECKPOINT in due:
             try:
                 await self._checkpoint()
@@ -743,5 +1004,5 @@ class Workspace:
             if self.container.running():
                 self.schedule.retry_save(self.clock.now_ms())
             else:
-                state.set_state(self._resting_state())
+                state.set_state(await self._resting_state())
                 self.schedule.clear_all()

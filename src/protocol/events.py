@@ -18,13 +18,19 @@ def status_event(phase: str, message: str = "") -> dict:
     return event
 
 
-def started_event(request_id: str, container: str, snapshot: dict | None = None) -> dict:
+def started_event(request_id: str, container: str, snapshot: dict | None = None, backup: dict | None = None) -> dict:
     """`container` tells the client what survived: processes and files (continuing), nothing: a new workspace
     (fresh), files as of `snapshot` and no processes (restored), or all files but no processes (restarted: the
-    sandbox died but its disk survived, which only the standalone runtime can offer)."""
+    sandbox died but its disk survived, which only the standalone runtime can offer). A restored container says
+    `from`: "snapshot", or "backup" with that backup when every snapshot had expired (or a backup was chosen)."""
     if container not in CONTAINER_STATES:
         raise ValueError(f"unknown container state {container!r}")
-    return {"type": "started", "request_id": request_id, "container": container, "snapshot": snapshot}
+    event = {"type": "started", "request_id": request_id, "container": container, "snapshot": snapshot}
+    if backup is not None:
+        event.update({"from": "backup", "backup": backup})
+    elif container == "restored":
+        event["from"] = "snapshot"
+    return event
 
 
 def output_event(data: str, offset: int) -> dict:

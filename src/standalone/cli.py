@@ -20,7 +20,7 @@ import sys
 import uuid
 from pathlib import Path
 
-from standalone import cli_keys
+from standalone import cli_keys, cli_snapshots
 from standalone.cli_copy import cp
 from standalone.cli_support import ConfigError, FileError, UsageError, credential_hint, ensure_workspace, say
 
@@ -31,7 +31,7 @@ ERROR_EXIT = 125  # flarebox itself failed (as docker does); a command's own exi
 API_ERROR_EXIT = 1  # the non-exec commands: the server refused (named by its code), or a local file error
 CANCELLED_EXIT = 130
 MAX_STDIN_BYTES = 1024 * 1024  # the whole exec request is a JSON body of at most 1 MiB
-CLIENT_COMMANDS = ("exec", "attach", "cp", "status", "snapshot", "snapshots", "stop", "rm")
+CLIENT_COMMANDS = ("exec", "attach", "cp", "status", "stop", "rm", *cli_snapshots.COMMANDS)
 DEPLOYMENT_COMMANDS = ("keys", "ls", "audit")  # about the deployment, not one workspace (standalone/cli_keys.py)
 STREAM_COMMANDS = ("exec", "attach")  # their exit code is the command's: every failure of flarebox's own is 125
 VALUE_OPTIONS = ("--endpoint", "--token-file", "--namespace", "-n")
@@ -111,8 +111,7 @@ def _parser() -> argparse.ArgumentParser:
     cp.add_argument("source")
     cp.add_argument("destination")
     client_command("status", "show a workspace's state")
-    client_command("snapshot", "save a snapshot now (the workspace keeps running)")
-    client_command("snapshots", "list a workspace's snapshots, newest first")
+    cli_snapshots.add_parsers(client_command)
     client_command("stop", "snapshot and stop (ephemeral: destroy)")
     client_command("rm", "delete a workspace, its container and its snapshots")
     cli_keys.add_parsers(sub, lambda p, ns_help: _add_connection_options(p, top=False, namespace_help=ns_help))
@@ -269,10 +268,8 @@ def _client_command(args) -> int:
             ws = args.workspace
             if args.command == "status":
                 _print_json(client.get_workspace(ns, ws))
-            elif args.command == "snapshot":
-                _print_json(client.snapshot(ns, ws))
-            elif args.command == "snapshots":
-                _print_json(client.snapshots(ns, ws))
+            elif args.command in cli_snapshots.COMMANDS:
+                return cli_snapshots.run(client, args)
             elif args.command == "stop":
                 _print_json(client.stop(ns, ws))
             elif args.command == "rm":

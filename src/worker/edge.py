@@ -138,15 +138,21 @@ class Edge:
         body = _body_of(req, endpoint.operation)
         stub = self._workspaces.get(route.namespace, route.workspace)
         if endpoint.operation is ops.PUT_CONFIG:
-            return await self._create(route, stub, args)
+            return await self._create(route, stub, args, principal)
         response = await stub.call(endpoint.operation.name, args, body)
         if _forgotten(endpoint.operation, response):
             await self._unindex(route.namespace, route.workspace)
         return response
 
-    async def _create(self, route: Route, stub: Any, args: Any) -> Response:
+    async def _create(self, route: Route, stub: Any, args: Any, principal: Principal) -> Response:
         """PUT of a workspace: a slot in the index first (the namespace cap), given back when the workspace turns
-        out not to exist after a failed create (it may exist all the same: a concurrent PUT made it)."""
+        out not to exist after a failed create (it may exist all the same: a concurrent PUT made it). A fork
+        first has its source share a snapshot."""
+        if args.source is not None:
+            shared = await self._share_source(route, stub, args, principal)
+            if isinstance(shared, Response):
+                return shared
+            args = shared
         reserved = await self._reserve(route.namespace, route.workspace)
         failed = True  # until the workspace answered 2xx: an exception (or cancellation) counts as a failure
         try:
@@ -156,6 +162,45 @@ class Edge:
         finally:
             if failed and reserved["created"]:
                 await self._unindex_if_gone(route.namespace, route.workspace)
+
+    async def _share_source(
+        self, route: Route, stub: Any, args: ops.PutConfigArgs, principal: Principal
+    ) -> ops.PutConfigArgs | Response:
+        """A fork's source: the caller needs `snapshots` on it too (403 whether it exists or not). A workspace that
+        exists already answers its PUT as always (200, or config_conflict) without a new snapshot of the source.
+        The fork gets the source's image: a snapshot holds that image's files."""
+        source = args.source
+        if not allows(principal, "snapshots", source.namespace, source.workspace):
+            raise ProtocolError("forbidden", "the key does not open the workspace to fork from")
+        if (source.namespace, source.workspace) == (route.namespace, route.workspace):
+            raise ProtocolError("invalid_field", "a workspace cannot be forked from itself")
+        existing = await stub.call(ops.GET.name, ops.NoArgs())
+        if existing.status == 200:
+            # answered as any PUT (200, or config_conflict), the fork's inherited image included
+            status = _json_of(existing)
+            config = args.config
+            if not source.image_given and isinstance(status, dict) and isinstance(status.get("config"), dict):
+                config = dataclasses.replace(config, image=status["config"].get("image", config.image))
+            return dataclasses.replace(args, source=None, config=config)
+        answer = await self._workspaces.get(source.namespace, source.workspace).call(
+            ops.SHARE_SNAPSHOT.name, ops.ShareArgs(source.snapshot)
+        )
+        shared = _json_of(answer)
+        if answer.status != 200 or not isinstance(shared, dict):
+            if _code_of(shared) == "workspace_not_found":  # not this PUT's workspace: say which is missing
+                raise ProtocolError(
+                    "workspace_not_found",
+                    f"the workspace to fork from, {source.namespace}/{source.workspace}, does not exist",
+                )
+            return answer  # the source's refusal: snapshot_not_found, not_persistent, nothing_to_snapshot, …
+        config = args.config
+        if config.image != shared["image"]:
+            if source.image_given:
+                raise ProtocolError(
+                    "invalid_field", f"a fork runs its source's image ({shared['image']}): omit image or send that"
+                )
+            config = dataclasses.replace(config, image=shared["image"])
+        return dataclasses.replace(args, config=config, fork=shared["ref"])
 
     async def _reserve(self, namespace: str, workspace: str) -> dict[str, bool]:
         """A slot for the workspace. At the cap, the index may still count ephemeral workspaces that forgot
@@ -351,6 +396,18 @@ def _detail_of(args: Any, token: str | None) -> dict[str, Any]:
         return {"service": args.name, "command": redact(args.spec["command"], token), "port": args.spec["port"]}
     if isinstance(args, ops.ServiceArgs):
         return {"service": args.name}
+    if isinstance(args, ops.PutConfigArgs) and args.source is not None:
+        source = args.source
+        return {"from": f"{source.namespace}/{source.workspace}", "snapshot": source.snapshot}
+    if isinstance(args, ops.SnapshotArgs) and (args.label is not None or args.keep):
+        return {"label": redact(args.label or "", token), "keep": args.keep}
+    if isinstance(args, ops.PatchSnapshotArgs):
+        detail: dict[str, Any] = {"snapshot": args.snapshot_id, "keep": args.keep}
+        if args.set_label:
+            detail["label"] = None if args.label is None else redact(args.label, token)
+        return detail
+    if isinstance(args, ops.RestoreArgs):
+        return {"snapshot": args.snapshot, "backup": args.backup, "discard_changes": args.discard_changes}
     if isinstance(args, ops.PutSecretArgs | ops.SecretArgs):
         return {"secret": args.name}  # the name only: a value is never recorded
     return {}
@@ -365,6 +422,8 @@ def _body_of(req: EdgeRequest, operation: ops.Operation) -> Any:
         return None
     if operation is ops.PROXY:
         return req.body.stream_at_most(limits.MAX_PROXY_BODY_BYTES)
+    if operation is ops.IMPORT:  # an archive piped from zstd may come without a length
+        return req.body.stream_at_most(limits.MAX_IMPORT_BYTES)
     return req.body.stream
 
 

@@ -7,16 +7,21 @@ workspace is called; none reads a body its route does not take.
 from durable.operations import (
     CancelArgs,
     ExecArgs,
+    ForkSource,
+    ImportArgs,
     NoArgs,
+    PatchSnapshotArgs,
     ProxyArgs,
     PutConfigArgs,
     PutSecretArgs,
     PutServiceArgs,
     ReadFileArgs,
     ReattachArgs,
+    RestoreArgs,
     SecretArgs,
     ServiceArgs,
     ServiceLogsArgs,
+    SnapshotArgs,
     WriteFileArgs,
 )
 from durable.settings import Settings
@@ -24,6 +29,7 @@ from protocol import limits
 from protocol import proxy as proxy_policy
 from protocol.errors import ProtocolError
 from protocol.services import parse_secret_value, parse_service
+from protocol.snapshots import parse_fork_source, parse_restore_request, parse_snapshot_patch, parse_snapshot_request
 from protocol.validate import (
     WorkspaceConfig,
     parse_exec_request,
@@ -121,7 +127,39 @@ async def delete(req: EdgeRequest, params: PathParams, settings: Settings) -> No
 async def put_config(req: EdgeRequest, params: PathParams, settings: Settings) -> PutConfigArgs:
     parse_query(req.query, NO_PARAMS)
     obj = await read_json(req, empty_ok=True)
-    return PutConfigArgs(_deployment_config(parse_workspace_config(obj), settings))
+    source = None
+    if "from" in obj:  # a fork: the edge shares the source's snapshot before the PUT reaches the workspace
+        source = ForkSource(*parse_fork_source(obj.pop("from")), image_given="image" in obj)
+    return PutConfigArgs(_deployment_config(parse_workspace_config(obj), settings), source)
+
+
+async def snapshot(req: EdgeRequest, params: PathParams, settings: Settings) -> SnapshotArgs:
+    parse_query(req.query, NO_PARAMS)
+    return SnapshotArgs(*parse_snapshot_request(await read_json(req, empty_ok=True)))
+
+
+async def patch_snapshot(req: EdgeRequest, params: PathParams, settings: Settings) -> PatchSnapshotArgs:
+    parse_query(req.query, NO_PARAMS)
+    set_label, label, keep = parse_snapshot_patch(await read_json(req, empty_ok=False))
+    return PatchSnapshotArgs(_required(params.name), label=label, set_label=set_label, keep=keep)
+
+
+async def restore(req: EdgeRequest, params: PathParams, settings: Settings) -> RestoreArgs:
+    parse_query(req.query, NO_PARAMS)
+    return RestoreArgs(*parse_restore_request(await read_json(req, empty_ok=False)))
+
+
+async def import_(req: EdgeRequest, params: PathParams, settings: Settings) -> ImportArgs:
+    """An archive upload: streamed to the supervisor, which verifies it as it extracts; its length is optional
+    (a CLI pipes `zstd` output of unknown size) and bounded by the supervisor's MAX_IMPORT_BYTES."""
+    parse_query(req.query, NO_PARAMS)
+    try:
+        length = content_length(req)
+    except ValueError:
+        raise ProtocolError("invalid_field", "malformed Content-Length") from None
+    if length is not None and length > limits.MAX_IMPORT_BYTES:
+        raise ProtocolError("payload_too_large", f"imports are limited to {limits.MAX_IMPORT_BYTES} bytes")
+    return ImportArgs(length)
 
 
 async def exec_(req: EdgeRequest, params: PathParams, settings: Settings) -> ExecArgs:

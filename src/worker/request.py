@@ -10,7 +10,7 @@ class PathParams:
     """What a route's path carries besides namespace and workspace, validated by the route match."""
 
     request_id: str | None = None  # …/exec/{id}
-    name: str | None = None  # …/services/{service}, …/secrets/{secret}
+    name: str | None = None  # …/services/{service}, …/secrets/{secret}, …/snapshots/{snapshot}
     port: int | None = None  # …/ports/{port}/…
     tail: str | None = None  # the proxied path as sent (raw), "/" at least
     prefix: str | None = None  # the path the proxied one sits under (X-Forwarded-Prefix)

@@ -12,6 +12,7 @@ from durable import operations as ops
 from durable.settings import Settings
 from protocol.errors import ProtocolError
 from protocol.services import parse_port_segment, validate_secret_name, validate_service_name
+from protocol.snapshots import validate_snapshot_id
 from protocol.validate import validate_name, validate_request_id
 from worker import prepare
 from worker.authorize import ADMIN_ONLY, ANY_SCOPE
@@ -37,7 +38,8 @@ PROXY_METHODS = ("GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS")
 _PROXY = Endpoint(ops.PROXY, prepare.proxy, "proxy")
 
 # Workspace sub-routes: segments after /v1/workspaces/{ns}/{ws} → {method: endpoint}. Placeholders: `{id}` a request
-# id, `{service}` a service name, `{secret}` a secret name; the port proxy (…/ports/{port}/{path…}) is matched apart.
+# id, `{service}` a service name, `{secret}` a secret name, `{snapshot}` a snapshot id; the port proxy
+# (…/ports/{port}/{path…}) is matched apart.
 WORKSPACE_ROUTES: dict[tuple[str, ...], dict[str, Endpoint]] = {
     (): {
         "GET": Endpoint(ops.GET, prepare.no_args, ANY_SCOPE),
@@ -51,8 +53,17 @@ WORKSPACE_ROUTES: dict[tuple[str, ...], dict[str, Endpoint]] = {
         "GET": Endpoint(ops.READ_FILE, prepare.read_file, "files"),
         "PUT": Endpoint(ops.WRITE_FILE, prepare.write_file, "files", audited=True),
     },
-    ("snapshot",): {"POST": Endpoint(ops.SNAPSHOT, prepare.no_args, "snapshots", audited=True)},
+    ("snapshot",): {"POST": Endpoint(ops.SNAPSHOT, prepare.snapshot, "snapshots", audited=True)},
     ("snapshots",): {"GET": Endpoint(ops.SNAPSHOTS, prepare.no_args, "snapshots")},
+    ("snapshots", "{snapshot}"): {
+        "PATCH": Endpoint(ops.PATCH_SNAPSHOT, prepare.patch_snapshot, "snapshots", audited=True)
+    },
+    ("restore",): {"POST": Endpoint(ops.RESTORE, prepare.restore, "snapshots", audited=True)},
+    # an export reads every file and an import replaces them all: the files scope, like one file's GET and PUT
+    ("export",): {"GET": Endpoint(ops.EXPORT, prepare.no_args, "files")},
+    ("import",): {"PUT": Endpoint(ops.IMPORT, prepare.import_, "files", audited=True)},
+    ("backup",): {"POST": Endpoint(ops.BACKUP, prepare.no_args, "snapshots", audited=True)},
+    ("backups",): {"GET": Endpoint(ops.BACKUPS, prepare.no_args, "snapshots")},
     ("stop",): {"POST": Endpoint(ops.STOP, prepare.no_args, "snapshots", audited=True)},
     ("services",): {"GET": Endpoint(ops.LIST_SERVICES, prepare.no_args, "manage")},
     ("services", "{service}"): {
@@ -111,7 +122,7 @@ class MethodNotAllowed(ProtocolError):
         super().__init__("method_not_allowed", f"allowed methods: {self.allow}")
 
 
-_PLACEHOLDERS = ("{id}", "{key}", "{service}", "{secret}")
+_PLACEHOLDERS = ("{id}", "{key}", "{service}", "{secret}", "{snapshot}")
 
 
 def _shape_matches(template: tuple[str, ...], rest: list[str]) -> bool:
@@ -185,5 +196,7 @@ def match(method: str, path: str) -> Route:
         name = validate_service_name(values["{service}"])
     elif "{secret}" in values:
         name = validate_secret_name(values["{secret}"])
+    elif "{snapshot}" in values:
+        name = validate_snapshot_id(values["{snapshot}"])
     request_id = validate_request_id(values["{id}"]) if "{id}" in values else None
     return Route(endpoint, ns, ws, PathParams(request_id=request_id, name=name))

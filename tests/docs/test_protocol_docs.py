@@ -18,7 +18,7 @@ from jsonschema import Draft202012Validator
 from openapi_spec_validator import validate as validate_openapi
 
 from directory.directory import Directory
-from durable.ports import Response, SnapshotInfo
+from durable.ports import BackupInfo, Response, SnapshotInfo
 from durable.settings import SETTING_VARS, Settings
 from protocol import (
     ERRORS,
@@ -37,6 +37,7 @@ from protocol import (
 )
 from protocol import events as ev
 from protocol.keys import KEY_ID_PATTERN, KEY_PATTERN, SCOPES, parse_key_request
+from protocol.snapshots import parse_fork_source, parse_restore_request, parse_snapshot_patch, parse_snapshot_request
 from standalone.storage import SqliteStorage
 from worker.authorize import ADMIN_ONLY, ANY_SCOPE
 from worker.edge import Edge
@@ -496,6 +497,9 @@ def test_events_the_code_emits_match_the_schema(spec):
     emitted += [status_event(phase) for phase in ev.STATUS_PHASES] + [status_event("restoring", "from snap-1")]
     emitted += [started_event(RID, state) for state in ev.CONTAINER_STATES]
     emitted += [started_event(RID, "restored", snapshot) for snapshot in (standalone, cloudflare)]
+    labelled = SnapshotInfo("s-1764406800123-9f2c1a", 10, 1_764_406_800_123, label="before-migration", kept=True)
+    backup = BackupInfo("b-1764406800123-9f2c1a", 73_400_320, 1_764_406_800_123, "ab" * 32).to_wire()
+    emitted += [started_event(RID, "restored", labelled.to_wire()), started_event(RID, "restored", None, backup)]
     emitted += [
         exit_event(code, reason, 12)
         for reason, code in (("exited", 0), ("exited", 255), ("timeout", 124), ("cancelled", 130), ("signal", 137))
@@ -513,6 +517,68 @@ def test_snapshot_objects_the_code_answers_match_the_schema(spec):
     schema_validator(spec, "SnapshotList").validate({"snapshots": [cloudflare, standalone]})
     without = {k: v for k, v in standalone.items() if k != "expires_at"}
     assert not schema_validator(spec, "Snapshot").is_valid(without)  # always there, null when it never expires
+    labelled = SnapshotInfo("s-1764406800123-9f2c1a", 10, 1_764_406_800_123, label="before-migration ✓", kept=True)
+    schema_validator(spec, "Snapshot").validate(labelled.to_wire())
+    for field in ("label", "kept"):
+        assert not schema_validator(spec, "Snapshot").is_valid({k: v for k, v in standalone.items() if k != field})
+    backup = BackupInfo("b-1764406800123-9f2c1a", 73_400_320, 1_764_406_800_123, "ab" * 32).to_wire()
+    schema_validator(spec, "Backup").validate(backup)
+    schema_validator(spec, "BackupList").validate({"backups": [backup]})
+    schema_validator(spec, "ImportResult").validate({"files": 3, "bytes": 120, "snapshot": labelled.to_wire()})
+    restored = {"snapshot": labelled.to_wire(), "safety_snapshot": None, "state": "stopped"}
+    schema_validator(spec, "RestoreResult").validate(restored)
+    from_backup = {"backup": backup, "safety_snapshot": standalone, "state": "stopped"}
+    schema_validator(spec, "RestoreResult").validate(from_backup)
+    assert not schema_validator(spec, "RestoreResult").is_valid({**restored, "backup": backup})
+
+
+# (schema, the code's parser, body, accepted?) for the snapshot routes' bodies and a fork's `from`
+SNAPSHOT_BODIES = [
+    ("SnapshotRequest", parse_snapshot_request, {}, True),
+    ("SnapshotRequest", parse_snapshot_request, {"label": "before-migration", "keep": True}, True),
+    ("SnapshotRequest", parse_snapshot_request, {"label": None, "keep": False}, True),
+    ("SnapshotRequest", parse_snapshot_request, {"label": "x" * 100}, True),
+    ("SnapshotRequest", parse_snapshot_request, {"label": "x" * 101}, False),
+    ("SnapshotRequest", parse_snapshot_request, {"label": ""}, False),
+    ("SnapshotRequest", parse_snapshot_request, {"label": "two\nlines"}, False),
+    ("SnapshotRequest", parse_snapshot_request, {"label": 5}, False),
+    ("SnapshotRequest", parse_snapshot_request, {"keep": "yes"}, False),
+    ("SnapshotRequest", parse_snapshot_request, {"pin": True}, False),
+    ("SnapshotPatch", parse_snapshot_patch, {"label": None}, True),
+    ("SnapshotPatch", parse_snapshot_patch, {"keep": False}, True),
+    ("SnapshotPatch", parse_snapshot_patch, {"label": "done", "keep": True}, True),
+    ("SnapshotPatch", parse_snapshot_patch, {}, False),
+    ("SnapshotPatch", parse_snapshot_patch, {"keep": None}, False),
+    ("SnapshotPatch", parse_snapshot_patch, {"label": "tab\there"}, False),
+    ("RestoreRequest", parse_restore_request, {"snapshot": "latest"}, True),
+    ("RestoreRequest", parse_restore_request, {"snapshot": "s-1764406800123-9f2c1a", "discard_changes": True}, True),
+    ("RestoreRequest", parse_restore_request, {"backup": "b-1764406800123-9f2c1a"}, True),
+    ("RestoreRequest", parse_restore_request, {}, False),
+    ("RestoreRequest", parse_restore_request, {"discard_changes": True}, False),
+    ("RestoreRequest", parse_restore_request, {"snapshot": "latest", "backup": "b-1764406800123-9f2c1a"}, False),
+    ("RestoreRequest", parse_restore_request, {"snapshot": "../etc"}, False),
+    ("RestoreRequest", parse_restore_request, {"snapshot": ""}, False),
+    ("RestoreRequest", parse_restore_request, {"backup": "b-1"}, False),
+    ("RestoreRequest", parse_restore_request, {"snapshot": "latest", "discard_changes": "yes"}, False),
+    ("RestoreRequest", parse_restore_request, {"snapshot": "latest", "force": True}, False),
+    ("ForkSource", parse_fork_source, {"namespace": "personal", "workspace": "demo"}, True),
+    ("ForkSource", parse_fork_source, {"namespace": "personal", "workspace": "demo", "snapshot": "latest"}, True),
+    ("ForkSource", parse_fork_source, {"namespace": "personal", "workspace": "demo", "snapshot": None}, True),
+    ("ForkSource", parse_fork_source, {"namespace": "personal"}, False),
+    ("ForkSource", parse_fork_source, {"namespace": "Bad", "workspace": "demo"}, False),
+    ("ForkSource", parse_fork_source, {"namespace": "personal", "workspace": "demo", "snapshot": "a b"}, False),
+    ("ForkSource", parse_fork_source, {"namespace": "personal", "workspace": "demo", "image": "hermes"}, False),
+]
+
+
+@pytest.mark.parametrize("name, parse, body, ok", SNAPSHOT_BODIES)
+def test_snapshot_route_bodies_agree_with_the_schemas(spec, name, parse, body, ok):
+    assert schema_validator(spec, name).is_valid(body) is ok
+    if ok:
+        parse(dict(body))
+    else:
+        with pytest.raises(ProtocolError):
+            parse(dict(body))
 
 
 @pytest.mark.parametrize(

@@ -71,15 +71,17 @@ class Walkthrough:
     def __init__(self, base: Path):
         self.home = base / "home"
         self.cwd = base / "cwd"
+        self.backups = base / "backups"  # the backup store of §6.29 (BACKUP_DIR: it must exist)
         self.home.mkdir()
         self.cwd.mkdir()
+        self.backups.mkdir()
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         env = {k: v for k, v in os.environ.items() if not k.startswith(("HERMES_CF_", "SANDBOX_API_TOKEN"))}
         for name in ("FLAREBOX_DATA_DIR", "XDG_DATA_HOME", "FLAREBOX_URL", "TOKEN", "W", "RID"):
             env.pop(name, None)
         # python3 in the examples: this interpreter's venv, whatever the HOME
-        env.update({"HOME": str(self.home), "PYTHONUNBUFFERED": "1"})
+        env.update({"HOME": str(self.home), "PYTHONUNBUFFERED": "1", "BACKUP_DIR": str(self.backups)})
         env["PATH"] = os.path.dirname(sys.executable) + os.pathsep + env.get("PATH", "")
         self.env = env
         self.proc: subprocess.Popen | None = None
@@ -190,13 +192,21 @@ def output_of(events: list[dict]) -> str:
     return text
 
 
-def exec_output(walk: Walkthrough, command: str) -> str:
+def exec_events(walk: Walkthrough, command: str, workspace: str = "demo") -> list[dict]:
     body = {"request_id": uuid.uuid4().hex, "command": command}
-    w = f"{walk.url}/v1/workspaces/personal/demo"
+    w = f"{walk.url}/v1/workspaces/personal/{workspace}"
     response = httpx.post(f"{w}/exec", json=body, headers=walk.auth(), timeout=60)
     events = events_of(response.text)
     assert events[-1] == {**events[-1], "type": "exit", "exit_code": 0}, events[-1]
-    return output_of(events)
+    return events
+
+
+def exec_output(walk: Walkthrough, command: str, workspace: str = "demo") -> str:
+    return output_of(exec_events(walk, command, workspace))
+
+
+def started_of(events: list[dict]) -> dict:
+    return next(e for e in events if e["type"] == "started")
 
 
 def test_the_documents_curl_examples_work_as_printed(walk):
@@ -330,6 +340,63 @@ def test_the_documents_curl_examples_work_as_printed(walk):
     schema("Secret").validate(stored)
     assert listed == {"secrets": [stored]}
     assert "sk-example-0123456789" not in json.dumps([stored, listed, *rest])
+
+    # §6.12 a labelled, pinned checkpoint; a risky change; §6.25 relabel and unpin; §6.26 roll back to it
+    (_, checkpoint) = sh_blocks("6.12")
+    snap_id = walk.run(checkpoint).strip()
+    listed = httpx.get(f"{w}/snapshots", headers=walk.auth()).json()
+    schema("SnapshotList").validate(listed)
+    checkpointed = next(s for s in listed["snapshots"] if s["id"] == snap_id)
+    assert (checkpointed["label"], checkpointed["kept"]) == ("before-migration", True)
+    exec_output(walk, "echo v2 > /workspace/schema.txt")
+    patched = json.loads(walk.run(sh_blocks("6.25")[0], SNAP=snap_id))
+    schema("Snapshot").validate(patched)
+    assert (patched["id"], patched["label"], patched["kept"]) == (snap_id, "before-migration (schema v2)", False)
+    restored = json.loads(walk.run(sh_blocks("6.26")[0], SNAP=snap_id))
+    schema("RestoreResult").validate(restored)
+    assert restored["snapshot"]["id"] == snap_id and restored["state"] == "stopped"
+    assert restored["safety_snapshot"]["label"] == "before restore"  # the running files, saved first
+    events = exec_events(walk, "test ! -e /workspace/schema.txt && cat /workspace/data/data.csv")
+    assert output_of(events) == "a,b\n1,2\n"
+    started = started_of(events)
+    assert (started["container"], started["from"], started["snapshot"]["id"]) == ("restored", "snapshot", snap_id)
+
+    # §6.27 three forks of the running workspace: each starts from its files, then they diverge
+    forks = json_values(walk.run(sh_blocks("6.27")[0]))
+    assert len(forks) == 3
+    for fork in forks:
+        schema("Status").validate(fork)
+        assert (fork["state"], fork["booted"]) == ("stopped", True) and fork["last_snapshot"] is not None
+    for n in (1, 2, 3):
+        events = exec_events(walk, f"cat /workspace/data/data.csv; echo {n} > /workspace/try.txt", f"demo-try-{n}")
+        assert output_of(events) == "a,b\n1,2\n" and started_of(events)["container"] == "restored"
+    assert exec_output(walk, "cat /workspace/try.txt", "demo-try-2") == "2\n"
+    assert exec_output(walk, "test ! -e /workspace/try.txt && echo untouched") == "untouched\n"
+
+    # §6.28 export, then import into a new workspace: the same files
+    imported = json_values(walk.run(sh_blocks("6.28")[0]))
+    schema("Status").validate(imported[0])
+    schema("ImportResult").validate(imported[1])
+    assert imported[1]["files"] > 0 and imported[1]["snapshot"] is not None
+    assert (walk.cwd / "demo.tar.zst").read_bytes()[:4] == b"\x28\xb5\x2f\xfd"  # a zstd frame
+    digest = "sha256sum /workspace/data/data.csv /workspace/report.pdf"
+    assert exec_output(walk, digest, "demo-copy") == exec_output(walk, digest)
+
+    # §6.29 a backup, the list, and a rollback to it
+    write_backup, roll_back = sh_blocks("6.29")
+    made, backups = json_values(walk.run(write_backup))
+    schema("Backup").validate(made)
+    schema("BackupList").validate(backups)
+    assert backups["backups"][0] == made
+    exec_output(walk, "echo later > /workspace/later.txt")
+    back = json.loads(walk.run(roll_back))
+    schema("RestoreResult").validate(back)
+    assert back["backup"] == made and back["safety_snapshot"] is None
+    events = exec_events(walk, "test ! -e /workspace/later.txt && cat /workspace/data/data.csv")
+    assert output_of(events) == "a,b\n1,2\n"
+    started = started_of(events)
+    assert (started["from"], started["backup"], started["snapshot"]) == ("backup", made, None)
+
     # §6.5 delete, after which the workspace is unknown
     assert json.loads(walk.run(sh_blocks("6.5")[0])) == {"deleted": True}
     gone = httpx.get(w, headers=walk.auth())

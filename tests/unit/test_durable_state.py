@@ -40,10 +40,12 @@ def test_the_documented_lifecycle_path(store):
     [
         ("running",),  # created cannot run without starting
         ("restoring",),  # nothing to restore before the first boot
-        ("stopped",),
+        ("saving",),
+        ("lost",),  # never booted: nothing was lost
         ("starting", "saving"),
         ("starting", "running", "created"),  # never back to never-booted
-        ("starting", "running", "lost", "starting"),  # lost is final
+        ("starting", "running", "lost", "starting"),  # lost does not boot: only a restored backup rests it
+        ("starting", "running", "lost", "restoring"),
         ("starting", "running", "stopped", "running"),  # stopped must boot first
     ],
 )
@@ -74,7 +76,8 @@ def test_snapshots_newest_first_and_status_object(store):
     assert [s.id for s in state.snapshots()] == ["c", "b", "a"]
     state.remove_snapshot("c")
     status = state.status_object("ns", "ws", running=False, busy=False, now_ms=5_000)
-    last = {"id": "b", "created_at": "1970-01-01T00:00:02.000Z", "size": 20, "expires_at": None}
+    last = {"id": "b", "created_at": "1970-01-01T00:00:02.000Z", "size": 20, "expires_at": None, "label": None}
+    last["kept"] = False
     assert status["last_snapshot"] == last
     assert status["created_at"] == "2023-11-14T22:13:20.123Z"
     assert list(status) == [

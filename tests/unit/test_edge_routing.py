@@ -47,7 +47,10 @@ def edge():
         ("GET", W + f"/exec/{RID}", "offset=1234", "reattach", {"request_id": RID, "offset": 1234}),
         ("POST", W + f"/exec/{RID}/cancel", "", "cancel", {"request_id": RID}),
         ("GET", W + "/files", "path=/workspace/a%20b+c.txt", "read_file", {"path": "/workspace/a b c.txt"}),
-        ("POST", W + "/snapshot", "", "snapshot", {}),
+        ("POST", W + "/snapshot", "", "snapshot", {"label": None, "keep": False}),
+        ("GET", W + "/export", "", "export", {}),
+        ("GET", W + "/backups", "", "backups", {}),
+        ("POST", W + "/backup", "", "backup", {}),
         ("GET", W + "/snapshots", "", "snapshots", {}),
         ("POST", W + "/stop", "", "stop", {}),
     ],
@@ -91,7 +94,11 @@ async def test_put_config_is_normalized_with_the_default_instance(edge):
     await send(e, "PUT", W, headers=JSON, body=Body(b'{"image":"python","persistent":false}'))
     assert workspaces.calls[0][2:4] == (
         "put_config",
-        {"config": {"image": "python", "instance": "standard-1", "persistent": False, "cwd": "/workspace"}},
+        {
+            "config": {"image": "python", "instance": "standard-1", "persistent": False, "cwd": "/workspace"},
+            "source": None,
+            "fork": None,
+        },
     )
 
 
@@ -99,7 +106,9 @@ async def test_put_config_without_a_body_means_defaults(edge):
     e, workspaces = edge
     await send(e, "PUT", W, headers={"content-length": "0"})
     assert workspaces.calls[0][3] == {
-        "config": {"image": "hermes", "instance": "standard-1", "persistent": True, "cwd": "/workspace"}
+        "source": None,
+        "fork": None,
+        "config": {"image": "hermes", "instance": "standard-1", "persistent": True, "cwd": "/workspace"},
     }
 
 

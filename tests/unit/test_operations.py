@@ -9,7 +9,7 @@ import pytest
 from test_workspace import Env
 
 from durable import operations
-from durable.operations import OPERATIONS
+from durable.operations import EDGE_ONLY, OPERATIONS
 from protocol.errors import ProtocolError
 from protocol.services import parse_service
 from protocol.validate import parse_exec_request, parse_workspace_config
@@ -26,7 +26,7 @@ def _handlers():
 
 def test_every_operation_is_routed_and_every_route_names_a_known_operation():
     routed = {endpoint.operation for endpoint in _endpoints()}
-    assert routed == set(OPERATIONS.values())
+    assert routed == set(OPERATIONS.values()) - EDGE_ONLY and not routed & EDGE_ONLY
     assert all(OPERATIONS[op.name] is op for op in routed)
 
 
@@ -53,7 +53,7 @@ def test_argument_types_are_frozen_dataclasses():
 
 
 def test_only_uploads_and_the_proxy_stream_their_body():
-    assert [op.name for op in OPERATIONS.values() if op.streams_body] == ["write_file", "proxy"]
+    assert [op.name for op in OPERATIONS.values() if op.streams_body] == ["write_file", "import", "proxy"]
 
 
 RID = "0" * 32
@@ -76,6 +76,16 @@ EXAMPLES = [
     operations.SecretArgs("API_KEY"),
     operations.PutSecretArgs("API_KEY", "sk-é"),
     operations.ProxyArgs("POST", "/v1/chat", "a=1", {"content-type": "application/json"}, port=3000),
+    operations.PutConfigArgs(
+        parse_workspace_config({}),
+        operations.ForkSource("team", "src", "latest", image_given=True),
+        {"handle": {"id": "snap-é"}, "created_at_ms": 1},
+    ),
+    operations.ShareArgs("s-1764406800123-9f2c1a"),
+    operations.SnapshotArgs("before-migration é", keep=True),
+    operations.PatchSnapshotArgs("snap-1", label=None, set_label=True, keep=False),
+    operations.RestoreArgs(backup="b-1764406800123-9f2c1a", discard_changes=True),
+    operations.ImportArgs(None),
 ]
 
 

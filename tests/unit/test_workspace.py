@@ -6,7 +6,15 @@ import json
 import re
 
 import pytest
-from workspace_doubles import FakeContainer, ListStreams, ManualClock, MemoryStorage, RecordingAlarm, UploadBody
+from workspace_doubles import (
+    FakeContainer,
+    ListStreams,
+    ManualClock,
+    MemoryBackupStore,
+    MemoryStorage,
+    RecordingAlarm,
+    UploadBody,
+)
 
 from durable import operations
 from durable.settings import Settings
@@ -32,6 +40,7 @@ class Env:
         self.storage = MemoryStorage()
         self.alarm = RecordingAlarm()
         self.streams = ListStreams()
+        self.backups = MemoryBackupStore()
         self.ws = self.new_object()
         self._n = 0
 
@@ -47,6 +56,7 @@ class Env:
             container=self.container,
             streams=self.streams,
             cipher=AesGcmCipher(bytes(32)),
+            backups=self.backups,
         )
 
     async def call(self, op, args=None, body=None):
@@ -537,7 +547,7 @@ async def test_snapshot_requires_persistence_and_survives_failure(env):
     assert code(await env2.call("snapshot")) == (503, "snapshot_failed")
     assert env2.state == "running" and env2.container.running()
     snap = body(await env2.call("snapshot"))
-    assert set(snap) == {"id", "created_at", "size", "expires_at"} and ISO.match(snap["created_at"])
+    assert set(snap) == {"id", "created_at", "size", "expires_at", "label", "kept"} and ISO.match(snap["created_at"])
     assert snap["expires_at"] is None  # the doubles' snapshots never expire unless a test says so
     assert body(await env2.call("get"))["last_snapshot"] == snap
 
@@ -675,9 +685,10 @@ async def test_a_new_object_says_where_a_workspace_whose_container_died_rests(en
     env.container.keep_disk_on_crash = disk_survives
     env.container.crash()
     env.ws = env.new_object()
-    assert env.state == expected
+    assert env.state != "running"
     status = body(await env.call("get"))
     assert (status["state"], status["running"]) == (expected, False)
+    assert env.state == expected
 
 
 async def test_after_a_runtime_restart_mid_boot_the_next_exec_boots_again(env):

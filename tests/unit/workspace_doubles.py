@@ -6,7 +6,7 @@ import json
 import sqlite3
 from urllib.parse import parse_qs, urlsplit
 
-from durable.ports import ContainerGone, SnapshotInfo
+from durable.ports import BackupInfo, ContainerGone, SnapshotInfo
 from protocol.errors import ProtocolError, error_body
 from protocol.events import encode_event, exit_event, output_event
 from protocol.limits import CONTROL_BODY_BYTES
@@ -186,6 +186,7 @@ class FakeContainer:
         self.services: dict[str, dict] = {}  # what the supervisor was told to run (its supervised bodies)
         self.port_calls: list[tuple] = []  # (port, method, path, headers)
         self.port_answers: dict[int, Reply] = {}  # port → its answer; a port without one: nothing listens
+        self.imports = 0
         self._n = 0
 
     # --- ports.Container ---
@@ -238,6 +239,19 @@ class FakeContainer:
     async def delete_snapshot(self, snapshot_id) -> None:
         self.deleted_snapshots.append(snapshot_id)
         self.snapshots.pop(snapshot_id, None)
+
+    async def snapshot_ref(self, snapshot_id) -> dict:
+        if snapshot_id not in self.snapshots:
+            raise ProtocolError("snapshot_not_found")
+        files = {path: data.hex() for path, data in self.snapshots[snapshot_id].items()}
+        return {"id": snapshot_id, "files": files, "created_at_ms": self.alive_from.get(snapshot_id, 0)}
+
+    async def adopt_snapshot(self, ref) -> SnapshotInfo:
+        self._n += 1
+        sid = f"adopted-{self._n}-{ref['id']}"
+        self.snapshots[sid] = {path: bytes.fromhex(data) for path, data in ref["files"].items()}
+        self.alive_from[sid] = ref["created_at_ms"]
+        return SnapshotInfo(sid, 1, ref["created_at_ms"], self.snapshot_expiry(ref["created_at_ms"]))
 
     async def destroy(self) -> None:
         self.destroys += 1
@@ -307,6 +321,18 @@ class FakeContainer:
             if data is None:
                 return _json(404, error_body("file_not_found"))
             return Reply(200, data, {"content-type": "application/octet-stream", "content-length": str(len(data))})
+        if (method, url.path) == ("GET", "/export"):
+            files = {path: data.hex() for path, data in self.disk.items()}
+            return Reply(200, _chunks([json.dumps(files).encode()]), {"content-type": "application/zstd"})
+        if (method, url.path) == ("PUT", "/import"):
+            data = b"".join(body.chunks) if isinstance(body, UploadBody) else b"".join([c async for c in body])
+            try:
+                files = json.loads(data)
+            except ValueError:
+                return _json(400, error_body("invalid_archive"))
+            self.disk = {path: bytes.fromhex(hexed) for path, hexed in files.items()}
+            self.imports += 1
+            return _json(200, {"files": len(files), "bytes": sum(len(v) // 2 for v in files.values())})
         if url.path == "/files" and method == "PUT":
             data = b"".join(body.chunks)
             assert len(data) == int(headers["content-length"])
@@ -366,6 +392,52 @@ class FakeContainer:
         for ev in self.journal[rid]:
             if ev["type"] != "output" or ev["offset"] >= offset:
                 yield encode_event(ev)
+
+
+async def _chunks(chunks):
+    for chunk in chunks:
+        yield chunk
+
+
+class MemoryBackupStore:
+    """TEST DOUBLE of ports.BackupStore: archives kept in a dict; `fail` makes the next writes fail as a full or
+    missing store does, `down` makes every call raise as an unreachable one."""
+
+    def __init__(self, available: bool = True):
+        self.available = available
+        self.archives: dict[tuple[str, str, str], tuple[BackupInfo, bytes]] = {}
+        self.fail = 0
+        self.down = False
+
+    def _check(self):
+        if self.down:
+            raise OSError("the backup store is unreachable")
+
+    async def write(self, namespace, workspace, backup_id, body, created_at_ms):
+        self._check()
+        data = b"".join([chunk async for chunk in _aiter(body)]) if not isinstance(body, bytes) else body
+        if self.fail:
+            self.fail -= 1
+            raise ProtocolError("backup_failed", "no space left on the backup store")
+        info = BackupInfo(backup_id, len(data), created_at_ms, "0" * 64)
+        self.archives[(namespace, workspace, backup_id)] = (info, data)
+        return info
+
+    async def list(self, namespace, workspace):
+        self._check()
+        found = [info for (ns, ws, _), (info, _) in self.archives.items() if (ns, ws) == (namespace, workspace)]
+        return sorted(found, key=lambda b: (b.created_at_ms, b.id), reverse=True)
+
+    async def open(self, namespace, workspace, backup_id):
+        self._check()
+        if (namespace, workspace, backup_id) not in self.archives:
+            raise ProtocolError("backup_not_found")
+        info, data = self.archives[(namespace, workspace, backup_id)]
+        return info, UploadBody([data])
+
+    async def delete(self, namespace, workspace, backup_id):
+        self._check()
+        self.archives.pop((namespace, workspace, backup_id), None)
 
 
 class UploadBody:
