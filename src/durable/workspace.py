@@ -632,24 +632,33 @@ class Workspace:
             opened = await self.services.open_secrets((spec.bearer_secret,))
             if spec.bearer_secret in opened:
                 headers = {**headers, "authorization": f"Bearer {opened[spec.bearer_secret]}"}
-        self._in_flight.__enter__()
-        handed_over = False
-        try:
+
+        async def upstream() -> Any:
             boot = await self._ensure_running()
             await self._touch(coalesce=True)
             if spec is not None and boot.container != BootMode.CONTINUING:
                 await self.services.ready(self.container, name)  # just started: let it come up first
-            resp = await self.container.fetch_port(port, args.method, target, body=body, headers=headers)
+            return await self.container.fetch_port(port, args.method, target, body=body, headers=headers)
+
+        resp, readable = await self._relayed(upstream)
+        return Response(resp.status, readable, header_pairs=proxy.response_headers(resp.header_pairs))
+
+    async def _relayed(self, upstream: Callable[[], Awaitable[Any]]) -> tuple[Any, Any]:
+        """Open a streamed answer from the container (`upstream` boots first where it must) and relay its body in
+        the background. Work in flight from the start to the answer's last byte (or the client leaving): the idle
+        alarm never stops the container under it. Returns the answer and the stream for the client."""
+        self._in_flight.__enter__()
+        try:
+            resp = await upstream()
             sink = self.streams.open()
-            self.clock.spawn(self._relay_answer(sink, resp))
-            handed_over = True
-        finally:
-            if not handed_over:
-                self._in_flight.__exit__(None, None, None)
-        return Response(resp.status, sink.readable, header_pairs=proxy.response_headers(resp.header_pairs))
+        except BaseException:
+            self._in_flight.__exit__(None, None, None)
+            raise
+        self.clock.spawn(self._relay_answer(sink, resp))  # which leaves the in-flight count
+        return resp, sink.readable
 
     async def _relay_answer(self, sink: Any, resp: Any) -> None:
-        """Relay a proxied answer; holds the in-flight count _op_proxy took, until the last byte or the client left."""
+        """Relay a streamed answer; holds the in-flight count _relayed took, until the last byte or the client left."""
         try:
             try:
                 if resp.body is not None:
@@ -864,21 +873,16 @@ class Workspace:
         running container — booted first if it sleeps, so a stopped workspace exports its newest snapshot. Work
         in flight until the last byte: the idle save never stops the container under it."""
         self._require()
-        self._in_flight.__enter__()
-        handed_over = False
-        try:
+
+        async def upstream() -> Any:
             await self._ensure_running()
             await self._touch()
-            resp = await supervisor_client.export_archive(self.container)
-            sink = self.streams.open()
-            self.clock.spawn(self._relay_answer(sink, resp))
-            handed_over = True
-        finally:
-            if not handed_over:
-                self._in_flight.__exit__(None, None, None)
+            return await supervisor_client.export_archive(self.container)
+
+        _, readable = await self._relayed(upstream)
         filename = f"{self.namespace}-{self.name}.tar.zst"
         headers = {"content-type": "application/zstd", "content-disposition": f'attachment; filename="{filename}"'}
-        return Response(200, sink.readable, headers)
+        return Response(200, readable, headers)
 
     async def _op_import(self, args: ops.ImportArgs, body: Any) -> Response:
         """Replace every file with an export's: into a new container, verified by the supervisor while it extracts

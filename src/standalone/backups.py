@@ -30,6 +30,7 @@ from typing import Any
 from durable.ports import BackupInfo, ContainerGone
 from protocol.errors import ProtocolError
 from protocol.validate import validate_name
+from standalone.snapshots import fsync_dir
 
 ARCHIVE_SUFFIX = ".tar.zst"
 MANIFEST_SUFFIX = ".json"
@@ -69,14 +70,6 @@ def _make_dirs(path: Path) -> None:
     # one level at a time, never parents=True: a root that vanished (an unmounted disk) must not be re-created
     path.parent.mkdir(exist_ok=True)
     path.mkdir(exist_ok=True)
-
-
-def _fsync_dir(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
 
 
 def _reason(exc: OSError, root: Path) -> str:
@@ -344,7 +337,7 @@ class DirectoryBackupStore:
         finally:
             os.close(fd)
         os.rename(tmp_manifest, manifest)
-        _fsync_dir(ws_dir)  # the commit point is durable once the directory entry is
+        fsync_dir(ws_dir)  # the commit point is durable once the directory entry is
 
     async def delete(self, namespace: str, workspace: str, backup_id: str) -> None:
         """Remove a backup (manifest first: it stops being listed before its archive goes). Missing is fine."""

@@ -107,7 +107,8 @@ def new_snapshot_id(now_ms: int | None = None) -> str:
     return f"s-{ms:013d}-{secrets.token_hex(3)}"
 
 
-def _fsync_dir(path: Path) -> None:
+def fsync_dir(path: Path) -> None:
+    """Make a rename or a new entry in `path` durable (the commit point of a snapshot or a backup)."""
     fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
     try:
         os.fsync(fd)
@@ -407,7 +408,7 @@ class SnapshotStore:
         for entry in entries:
             if entry.name.endswith(SNAR_SUFFIX):
                 entry.unlink(missing_ok=True)
-        _fsync_dir(base)
+        fsync_dir(base)
 
     def track(
         self, namespace: str, workspace: str, snapshot_id: str, tree: str | os.PathLike, base_dir: str | os.PathLike
@@ -586,7 +587,7 @@ class SnapshotStore:
         tmp.unlink(missing_ok=True)
         _write_file(tmp, json.dumps(asdict(manifest), separators=(",", ":")).encode("utf-8"))
         os.rename(tmp, ws_dir / (manifest.id + MANIFEST_SUFFIX))
-        _fsync_dir(ws_dir)  # the commit point is durable once the directory entry is
+        fsync_dir(ws_dir)  # the commit point is durable once the directory entry is
 
     def delete(self, namespace: str, workspace: str, snapshot_id: str) -> None:
         """Unlist a snapshot; its archive goes as soon as no listed snapshot's chain needs it (the manifest first,
@@ -659,7 +660,7 @@ class SnapshotStore:
                 tmp.unlink(missing_ok=True)
                 _link_or_copy(src_dir / (link.id + ARCHIVE_SUFFIX), tmp)
                 os.rename(tmp, final)
-            _fsync_dir(dst_dir)
+            fsync_dir(dst_dir)
             with self._lock:
                 for link in chain[:-1]:
                     if self._manifest(dst_dir, link.id) is None:
@@ -823,4 +824,4 @@ def swap_into_place(new: Path, target: Path) -> None:
         os.rename(target, old)
         os.rename(new, target)
         shutil.rmtree(old, ignore_errors=True)
-    _fsync_dir(target.parent)
+    fsync_dir(target.parent)

@@ -2,13 +2,10 @@
 
 import hashlib
 import os
-import subprocess
-from contextlib import contextmanager
 from pathlib import Path
 
 import httpx
-import pytest
-from e2e import ServerProcess, sandbox_pids, ws_url
+from e2e import ServerProcess, sandbox_pids, tmpfs_at, ws_url  # noqa: F401 - tmpfs_at: for the fault tests
 
 
 def sha(data: bytes) -> str:
@@ -80,23 +77,3 @@ def supervisor_pids(server: ServerProcess, workspace: str) -> list[int]:
 def _is_supervisor(pid: int) -> bool:
     line = cmdline(pid)
     return "-m flarebox_supervisor" in line and not line.split(" ")[0].endswith("bwrap")
-
-
-@contextmanager
-def tmpfs_at(path: Path, size: str):
-    """A tmpfs of `size` mounted at `path` for the duration (skips the test where mounting is impossible).
-    Yields a function that resizes it."""
-    path.mkdir(parents=True, exist_ok=True)
-    done = subprocess.run(
-        ["mount", "-t", "tmpfs", "-o", f"size={size},mode=0755", "tmpfs", str(path)], capture_output=True
-    )
-    if done.returncode != 0:
-        pytest.skip(f"cannot mount a tmpfs here: {done.stderr.decode(errors='replace').strip()}")
-
-    def resize(new_size: str) -> None:
-        subprocess.run(["mount", "-o", f"remount,size={new_size}", str(path)], check=True, capture_output=True)
-
-    try:
-        yield resize
-    finally:
-        subprocess.run(["umount", "-l", str(path)], check=False, capture_output=True)

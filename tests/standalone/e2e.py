@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+import pytest
 
 TOKEN = "t0k3n-for-tests-" + "x" * 40
 REPO = Path(__file__).resolve().parents[2]
@@ -298,3 +299,23 @@ class Made:
             except ApiError:
                 pass
         self.client.close()
+
+
+@contextmanager
+def tmpfs_at(path: Path, size: str):
+    """A tmpfs of `size` mounted at `path` for the duration (skips the test where mounting is impossible).
+    Yields a function that resizes it."""
+    path.mkdir(parents=True, exist_ok=True)
+    done = subprocess.run(
+        ["mount", "-t", "tmpfs", "-o", f"size={size},mode=0755", "tmpfs", str(path)], capture_output=True
+    )
+    if done.returncode != 0:
+        pytest.skip(f"cannot mount a tmpfs here: {done.stderr.decode(errors='replace').strip()}")
+
+    def resize(new_size: str) -> None:
+        subprocess.run(["mount", "-o", f"remount,size={new_size}", str(path)], check=True, capture_output=True)
+
+    try:
+        yield resize
+    finally:
+        subprocess.run(["umount", "-l", str(path)], check=False, capture_output=True)

@@ -2,16 +2,15 @@
 a gone or failing directory, bytes that come back different, a backup damaged after it was listed, crash leftovers."""
 
 import asyncio
-import contextlib
 import errno
 import hashlib
 import json
 import os
-import subprocess
 from pathlib import Path
 
 import httpx
 import pytest
+from e2e import tmpfs_at
 
 from durable.ports import ContainerGone
 from protocol.errors import ProtocolError
@@ -153,23 +152,6 @@ async def test_an_existing_id_is_never_overwritten(root):
 
 
 # ---- faults ---------------------------------------------------------------------------------------------------
-
-
-@contextlib.contextmanager
-def tmpfs_at(path: Path, size: str):
-    """A tmpfs of `size` at `path` (the disk-full tests; skipped where mounting is impossible)."""
-    path.mkdir(parents=True, exist_ok=True)
-    done = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(path)], capture_output=True)
-    if done.returncode != 0:
-        pytest.skip(f"cannot mount a tmpfs here: {done.stderr.decode(errors='replace').strip()}")
-
-    def resize(new_size: str) -> None:
-        subprocess.run(["mount", "-o", f"remount,size={new_size}", str(path)], check=True, capture_output=True)
-
-    try:
-        yield resize
-    finally:
-        subprocess.run(["umount", "-l", str(path)], check=False, capture_output=True)
 
 
 async def test_a_full_disk_fails_the_backup_and_leaves_nothing(tmp_path):
