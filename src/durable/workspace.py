@@ -305,7 +305,8 @@ class Workspace:
             if isinstance(point, SnapshotInfo):
                 snapshot, message = point, f"restoring snapshot {point.id}"
             else:
-                backup, message = point, f"restoring backup {point} (no snapshot of it is left)"
+                chosen = "backup" in (state.restore_to or {})  # a rollback to it, or every snapshot expired
+                backup, message = point, f"restoring backup {point}" + ("" if chosen else " (every snapshot expired)")
         fallback = Lifecycle.STOPPED if state.booted else Lifecycle.CREATED
         if state.state == Lifecycle.RUNNING:  # a crash noticed now: the state machine passes through stopped
             state.set_state(Lifecycle.STOPPED)
