@@ -12,7 +12,6 @@ the same way, and a key's refusals (403 forbidden, 401 for a revoked or expired 
 
 import argparse
 import contextlib
-import json
 import os
 import shlex
 import signal
@@ -22,7 +21,15 @@ from pathlib import Path
 
 from standalone import cli_keys, cli_snapshots
 from standalone.cli_copy import cp
-from standalone.cli_support import ConfigError, FileError, UsageError, credential_hint, ensure_workspace, say
+from standalone.cli_support import (
+    ConfigError,
+    FileError,
+    UsageError,
+    credential_hint,
+    ensure_workspace,
+    print_json,
+    say,
+)
 
 DEFAULT_PORT = 8787
 DEFAULT_NAMESPACE = "default"
@@ -239,10 +246,6 @@ def resolve_target(args, environ=None) -> tuple[str, str, str]:
 # --- client commands -----------------------------------------------------------------------------------------------
 
 
-def _print_json(obj) -> None:
-    print(json.dumps(obj, indent=2, ensure_ascii=False))
-
-
 def _client_command(args) -> int:
     from flarebox_hermes.client import ApiError, Client, FlareboxError, TransportError
 
@@ -267,13 +270,13 @@ def _client_command(args) -> int:
                 return cli_keys.run(client, args)
             ws = args.workspace
             if args.command == "status":
-                _print_json(client.get_workspace(ns, ws))
+                print_json(client.get_workspace(ns, ws))
             elif args.command in cli_snapshots.COMMANDS:
                 return cli_snapshots.run(client, args)
             elif args.command == "stop":
-                _print_json(client.stop(ns, ws))
+                print_json(client.stop(ns, ws))
             elif args.command == "rm":
-                _print_json(client.delete_workspace(ns, ws))
+                print_json(client.delete_workspace(ns, ws))
             return 0
     except UsageError as err:
         say(str(err))

@@ -8,13 +8,12 @@ terminal escape sequences in front of whoever reads the audit log.
 
 import argparse
 import calendar
-import json
 import re
 import sys
 import time
 from datetime import UTC, datetime
 
-from standalone.cli_support import UsageError, say
+from standalone.cli_support import UsageError, print_json, say
 
 SCOPES = ("exec", "files", "snapshots", "manage", "proxy")  # protocol/keys.py; tests/standalone checks they match
 AUDIT_DEFAULT_LIMIT = 50
@@ -143,10 +142,6 @@ def _scopes(values: list[str]) -> list[str]:
 # --- output ----------------------------------------------------------------------------------------------------
 
 
-def _print_json(obj) -> None:
-    print(json.dumps(obj, indent=2, ensure_ascii=False))
-
-
 def shown(text) -> str:
     """Server text made safe for a terminal: control characters (newlines, escapes) as backslash escapes."""
     if text is None:
@@ -216,7 +211,7 @@ def _keys_create(client, args) -> int:
         service=args.service,
     )
     if args.json:
-        _print_json(key)
+        print_json(key)
         return 0
     expires = _when(key.get("expires_at")) + (" UTC" if key.get("expires_at") else "")
     label = f" ({shown(key['label'])})" if key.get("label") else ""
@@ -237,7 +232,7 @@ def _keys_create(client, args) -> int:
 def _keys_ls(client, args) -> int:
     keys = client.list_keys(args.namespace)
     if args.json:
-        _print_json(keys)
+        print_json(keys)
         return 0
     if not keys:
         say("no keys" + (f" for namespace {args.namespace}" if args.namespace else ""))
@@ -264,7 +259,7 @@ def _keys_rm(client, args) -> int:
     except ValueError as err:
         raise UsageError(str(err)) from None
     if args.json:
-        _print_json(key)
+        print_json(key)
         return 0
     label = f" ({shown(key['label'])})" if key.get("label") else ""
     say(f"revoked key {key['id']}{label} for {_target(key['namespace'], key['workspace'])}")
@@ -277,7 +272,7 @@ def _keys_rm(client, args) -> int:
 def _ls(client, args) -> int:
     entries = list(client.iter_workspaces(args.namespace, page=MAX_PAGE))
     if args.json:
-        _print_json(entries)
+        print_json(entries)
         return 0
     if not entries:
         say("no workspaces" + (f" in namespace {args.namespace}" if args.namespace else ""))
@@ -325,7 +320,7 @@ def _audit(client, args) -> int:
     else:
         more = before is not None
     if args.json:
-        _print_json(records)
+        print_json(records)
         return 0
     if not records:
         say("no audit records" + (" since " + since if since else ""))

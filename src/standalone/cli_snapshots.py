@@ -5,11 +5,10 @@ terminal is never filled with binary: both refuse a terminal and say what to do.
 """
 
 import argparse
-import json
 import sys
 import time
 
-from standalone.cli_support import UsageError
+from standalone.cli_support import UsageError, print_json
 
 COMMANDS = ("snapshot", "snapshots", "label", "restore", "fork", "export", "import", "backup", "backups")
 
@@ -43,10 +42,6 @@ def add_parsers(client_command) -> None:
     client_command("backups", "list a workspace's backups, newest first")
 
 
-def _print_json(obj) -> None:
-    print(json.dumps(obj, indent=2, ensure_ascii=False))
-
-
 class _Progress:
     """`12.3 MiB` on stderr at most every half second, and once at the end; nothing when stderr is no terminal."""
 
@@ -75,9 +70,9 @@ def run(client, args: argparse.Namespace) -> int:
     ns, ws = args.namespace, args.workspace
     command = args.command
     if command == "snapshot":
-        _print_json(client.snapshot(ns, ws, label=args.label, keep=args.keep))
+        print_json(client.snapshot(ns, ws, label=args.label, keep=args.keep))
     elif command == "snapshots":
-        _print_json(client.snapshots(ns, ws))
+        print_json(client.snapshots(ns, ws))
     elif command == "label":
         fields = {}
         if args.label is not None and args.clear_label:
@@ -88,16 +83,16 @@ def run(client, args: argparse.Namespace) -> int:
             fields["keep"] = args.keep
         if not fields:
             raise UsageError("flarebox label: say what to change (--label, --clear-label, --keep or --no-keep)")
-        _print_json(client.patch_snapshot(ns, ws, args.snapshot, **fields))
+        print_json(client.patch_snapshot(ns, ws, args.snapshot, **fields))
     elif command == "restore":
         if (args.snapshot is None) == (args.backup is None):
             raise UsageError("flarebox restore: name a snapshot (or latest), or --backup ID")
         answer = client.restore(
             ns, ws, snapshot=args.snapshot, backup=args.backup, discard_changes=args.discard_changes
         )
-        _print_json(answer)
+        print_json(answer)
     elif command == "fork":
-        _print_json(client.fork(ns, args.new, (ns, ws), args.snapshot))
+        print_json(client.fork(ns, args.new, (ns, ws), args.snapshot))
     elif command == "export":
         if sys.stdout.isatty():
             raise UsageError(f"flarebox export writes a binary archive: redirect it, e.g. > {ws}.tar.zst")
@@ -111,9 +106,9 @@ def run(client, args: argparse.Namespace) -> int:
         progress = _Progress("sent")
         answer = client.import_archive(ns, ws, sys.stdin.buffer, on_progress=progress)
         progress.finish()
-        _print_json(answer)
+        print_json(answer)
     elif command == "backup":
-        _print_json(client.backup(ns, ws))
+        print_json(client.backup(ns, ws))
     elif command == "backups":
-        _print_json(client.backups(ns, ws))
+        print_json(client.backups(ns, ws))
     return 0

@@ -1,6 +1,7 @@
-"""What the `flarebox` client commands share: their error kinds, how they speak on stderr, what to say when the
-server refuses the credential, and creating a missing workspace (exec and cp both do)."""
+"""What the `flarebox` client commands share: their error kinds, how they print answers and speak on stderr, what
+to say when the server refuses the credential, and creating a missing workspace (exec and cp both do)."""
 
+import json
 import sys
 
 
@@ -14,6 +15,11 @@ class ConfigError(Exception):
 
 class FileError(Exception):
     """cp: a file (local, or inside the workspace) could not be copied; the message names it (exit 1)."""
+
+
+def print_json(obj) -> None:
+    """An answer on stdout, as the server sent it (indented, UTF-8 kept)."""
+    print(json.dumps(obj, indent=2, ensure_ascii=False))
 
 
 def say(message: str) -> None:
