@@ -282,10 +282,11 @@ class Workspace:
         config = state.config
         if state.state == Lifecycle.RUNNING and self.container.running():
             return BootOutcome(BootMode.CONTINUING)
-        if self._store.get(_LOADING) and self.container.has_disk():
-            # a runtime killed while an archive was loaded left a disk that is neither the old files nor the new
-            await self._destroy_quietly()
-        self._store.delete(_LOADING)
+        if self._store.get(_LOADING):
+            if self.container.has_disk():
+                # a runtime killed while an archive was loaded left a disk that is neither the old files nor the new
+                await self._destroy_quietly()
+            self._store.delete(_LOADING)
         snapshot: SnapshotInfo | None = None
         backup: str | None = None  # a backup's id: a new container, then the backup imported into it
         if blank or not state.booted:
@@ -702,8 +703,12 @@ class Workspace:
         await supervisor_client.sync(self.container)
         info = replace(await self.container.snapshot(), label=label, kept=keep)
         self.state.add_snapshot(info)
-        self.state.set_restore_to(None)  # a rollback's point is superseded: these files are newer
-        self._store.delete(_LOADING)  # loaded files are a snapshot now: a surviving disk may be restarted on
+        # a rollback's point is superseded (these files are newer), and loaded files are a snapshot now (a surviving
+        # disk may be restarted on): cleared only where set, so a plain save writes nothing more
+        if self.state.restore_to is not None:
+            self.state.set_restore_to(None)
+        if self._store.get(_LOADING):
+            self._store.delete(_LOADING)
         await self._apply_retention(protect)
         return info
 
