@@ -85,26 +85,17 @@ def test_export_from_one_server_imports_into_another_identically(start_server, t
             with open(archive, "wb") as out:
                 for chunk in resp.iter_raw():
                     out.write(chunk)
-    # the CLI end: `flarebox import WS < ws.tar.zst`, progress on stderr
-    with archive.open("rb") as source:
-        imported = subprocess.run(
-            [*flarebox_command(), "import", "--namespace", NS, "moved"],
-            stdin=source,
-            capture_output=True,
-            env=second.client_env(),
-            timeout=120,
-        )
+
+    def cli_import() -> subprocess.CompletedProcess:  # `flarebox import WS < ws.tar.zst`, progress on stderr
+        with archive.open("rb") as source:
+            command = [*flarebox_command(), "import", "--namespace", NS, "moved"]
+            return subprocess.run(command, stdin=source, capture_output=True, env=second.client_env(), timeout=120)
+
+    imported = cli_import()
     assert imported.returncode != 0 and b"workspace_not_found" in imported.stderr  # it must exist first
     with second.client() as client:
         assert put_workspace(client, NS, "moved").status_code == 201
-    with archive.open("rb") as source:
-        imported = subprocess.run(
-            [*flarebox_command(), "import", "--namespace", NS, "moved"],
-            stdin=source,
-            capture_output=True,
-            env=second.client_env(),
-            timeout=120,
-        )
+    imported = cli_import()
     assert imported.returncode == 0, imported.stderr
     assert b"sent" in imported.stderr and b'"files"' in imported.stdout
     with second.client() as client:
