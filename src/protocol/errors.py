@@ -95,6 +95,25 @@ ERRORS: dict[str, tuple[int, str]] = {
     "file_not_found": (404, "no file at that path"),
     "not_a_file": (400, "the path is not a regular file"),
     "file_too_large": (413, "the file is over the transfer limit"),
+    "not_a_directory": (400, "the path is not a directory"),
+    "file_exists": (409, "something already exists at the target path; send overwrite (move) or parents (mkdir)"),
+    "directory_not_empty": (409, "the directory is not empty; send recursive=true to delete it with its contents"),
+    "invalid_move": (400, "a directory cannot be moved into itself or one of its own subdirectories"),
+    "path_protected": (
+        400,
+        "that path is the workspace itself or a directory the sandbox needs (/, /workspace, the home directory);"
+        " delete or move what is inside it instead",
+    ),
+    "session_not_found": (
+        404,
+        "no terminal session with that id (its shell exited, or it had no client for PTY_LINGER_SECONDS): open a"
+        " new one without `session`",
+    ),
+    "too_many_sessions": (409, "the workspace already holds MAX_PTY_SESSIONS terminal sessions; exit one first"),
+    "websocket_required": (426, "this route is a WebSocket: connect with an Upgrade: websocket request"),
+    "process_not_found": (404, "no process of the sandbox user has that pid (GET …/processes lists them)"),
+    "invalid_pid": (400, "a process id is a whole number from 1 to 4194304"),
+    "invalid_signal": (400, "signal is one of TERM, KILL, INT, HUP, STOP, CONT"),
     "permission_denied": (403, "the sandbox user may not access that path"),
     "path_not_allowed": (403, "the proxied path is outside what the service allows, or is malformed"),
     "service_not_found": (404, "the workspace defines no service of that name"),

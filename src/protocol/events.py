@@ -18,7 +18,9 @@ def status_event(phase: str, message: str = "") -> dict:
     return event
 
 
-def started_event(request_id: str, container: str, snapshot: dict | None = None, backup: dict | None = None) -> dict:
+def started_event(
+    request_id: str | None, container: str, snapshot: dict | None = None, backup: dict | None = None
+) -> dict:
     """`container` tells the client what survived: processes and files (continuing), nothing: a new workspace
     (fresh), files as of `snapshot` and no processes (restored), or all files but no processes (restarted: the
     sandbox died but its disk survived, which only the standalone runtime can offer). A restored container says

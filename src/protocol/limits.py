@@ -34,6 +34,16 @@ CONTROL_BODY_BYTES = 1024 * 1024
 MAX_KEY_LABEL_CHARS = 100  # a scoped key's label
 MAX_KEY_EXPIRES_IN_SECONDS = 10 * 365 * 86400  # the longest expires_in of a scoped key (10 years)
 MAX_KEYS = 10_000  # scoped keys a deployment holds at once
+DEFAULT_LIST_ENTRIES = 1000  # entries one page of a directory listing holds unless `limit` says fewer...
+MAX_LIST_ENTRIES = 10_000  # ...and at most
+MAX_LIST_DEPTH = 32  # levels below the listed directory a listing descends
+MAX_PID = 4_194_304  # Linux's highest pid_max
+DEFAULT_PTY_COLS = 80  # a terminal session's size unless the query says otherwise...
+DEFAULT_PTY_ROWS = 24
+MAX_PTY_SIZE = 1000  # ...and at most this many columns or rows
+PTY_SCROLLBACK_BYTES = 256 * 1024  # a session's newest output, replayed when it is resumed
+PTY_LINGER_SECONDS = 300  # a session without a client ends (SIGHUP to its shell) after this long
+MAX_PTY_SESSIONS = 16  # terminal sessions one workspace holds at once
 MAX_PAGE_RECORDS = 1000  # audit records (and listed workspaces) one GET answers at most
 MAX_SERVICES = 16  # services one workspace defines
 SUPERVISOR_PORT = 8080  # the supervisor's own port inside a container: no service may take it
@@ -90,6 +100,16 @@ LIMITS = {
     "MAX_KEY_LABEL_CHARS": MAX_KEY_LABEL_CHARS,
     "MAX_KEY_EXPIRES_IN_SECONDS": MAX_KEY_EXPIRES_IN_SECONDS,
     "MAX_KEYS": MAX_KEYS,
+    "DEFAULT_LIST_ENTRIES": DEFAULT_LIST_ENTRIES,
+    "MAX_LIST_ENTRIES": MAX_LIST_ENTRIES,
+    "MAX_LIST_DEPTH": MAX_LIST_DEPTH,
+    "MAX_PID": MAX_PID,
+    "DEFAULT_PTY_COLS": DEFAULT_PTY_COLS,
+    "DEFAULT_PTY_ROWS": DEFAULT_PTY_ROWS,
+    "MAX_PTY_SIZE": MAX_PTY_SIZE,
+    "PTY_SCROLLBACK_BYTES": PTY_SCROLLBACK_BYTES,
+    "PTY_LINGER_SECONDS": PTY_LINGER_SECONDS,
+    "MAX_PTY_SESSIONS": MAX_PTY_SESSIONS,
     "MAX_PAGE_RECORDS": MAX_PAGE_RECORDS,
     "MAX_SERVICES": MAX_SERVICES,
     "SUPERVISOR_PORT": SUPERVISOR_PORT,
