@@ -14,11 +14,13 @@ import os
 import socket
 import threading
 
-from flarebox_supervisor.fileops import OPERATIONS
+from flarebox_supervisor import fileops, processes, treeops
 from flarebox_supervisor.identity import Identity
 from protocol.errors import ProtocolError
 
 _MAX_MESSAGE = 64 * 1024
+# every operation the agent runs for the supervisor, by name
+OPERATIONS = {**fileops.OPERATIONS, **treeops.OPERATIONS, **processes.AGENT_OPERATIONS}
 
 
 class LocalFiles:

@@ -18,9 +18,13 @@ Import extracts into hidden staging directories inside each root (same filesyste
 verifying every member against the manifest; it never follows a symlink (every path is opened component by
 component from a directory descriptor with O_NOFOLLOW, and a member below a symlink member is refused). Any
 mismatch removes the staging directories and leaves the live files untouched.
+
+archive_tree.py makes one directory's plain tar.zst (GET and PUT /files/archive) from the same pieces: the exporter,
+compress_to, the header reader (_headers), the importer's staging, extraction and swap, and the worker's answer.
 """
 
 import argparse
+import contextlib
 import errno
 import fcntl
 import hashlib
@@ -35,6 +39,8 @@ import subprocess
 import sys
 import tarfile
 import time
+from collections.abc import Iterator
+from typing import NamedTuple
 
 FORMAT = "flarebox-export"
 VERSION = 1
@@ -140,6 +146,10 @@ class _Exporter:
         if len(self.buffer) >= _FLUSH:
             self.flush()
 
+    def record(self, entry: dict) -> None:
+        """A member written: kept for the manifest."""
+        self.entries.append(entry)
+
     def skip(self, path: str, reason: str) -> None:
         self.skipped_count += 1
         if len(self.skipped) < _MAX_SKIPPED_LISTED:
@@ -166,7 +176,7 @@ class _Exporter:
             name = entry.name
             if top and (name.startswith(STAGING_PREFIX) or name.startswith(TRASH_PREFIX)):
                 continue  # an import's leftovers, never user data
-            path = f"{prefix}/{name}"
+            path = f"{prefix}/{name}" if prefix else name  # no prefix: names relative to the walked directory
             try:
                 # the entry's type comes with the listing (d_type): no stat before the open
                 if entry.is_file(follow_symlinks=False):
@@ -194,7 +204,7 @@ class _Exporter:
                 return  # the other root, nested in this one: exported under its own prefix
             mode = stat.S_IMODE(info.st_mode) & _MODE_BITS
             self.emit(_header(path, tarfile.DIRTYPE, 0, mode, int(info.st_mtime)))
-            self.entries.append({"path": path, "type": "dir", "size": 0, "mode": mode})
+            self.record({"path": path, "type": "dir", "size": 0, "mode": mode})
             self.walk(sub, path, top=False, exclude=exclude)
         finally:
             os.close(sub)
@@ -208,7 +218,7 @@ class _Exporter:
         except OSError:
             return  # vanished or no longer a symlink
         self.emit(_header(path, tarfile.SYMTYPE, 0, 0o777, int(info.st_mtime), target))
-        self.entries.append({"path": path, "type": "symlink", "size": 0, "mode": 0o777, "target": target})
+        self.record({"path": path, "type": "symlink", "size": 0, "mode": 0o777, "target": target})
 
     def file(self, dir_fd: int, name: str, path: str) -> None:
         # O_NONBLOCK: a FIFO swapped in since the listing must not hang the export (a regular file ignores it)
@@ -243,7 +253,7 @@ class _Exporter:
         finally:
             os.close(fd)
         self.total += size
-        self.entries.append({"path": path, "type": "file", "size": size, "mode": mode, "sha256": digest.hexdigest()})
+        self.record({"path": path, "type": "file", "size": size, "mode": mode, "sha256": digest.hexdigest()})
 
     def stream(self, fd: int, size: int, digest) -> None:
         """Copy `size` bytes of a large file, hashing each chunk as it goes out. A file that shrank meanwhile is
@@ -292,16 +302,26 @@ def _root_ids(roots: list[tuple[str, str]]) -> set[tuple[int, int]]:
 
 def export_to(roots: list[tuple[str, str]], out: int) -> None:
     """Write the tar.zst of `roots` ([(prefix, directory)]) to the descriptor `out`, compressing with zstd."""
+
+    def produce(tar: int) -> None:
+        exporter = _Exporter(tar)
+        exclude = _root_ids(roots)
+        for prefix, path in roots:
+            exporter.walk_root(prefix, path, exclude - _root_ids([(prefix, path)]))
+        exporter.finish()
+
+    compress_to(out, produce)
+
+
+def compress_to(out: int, produce) -> None:
+    """Run `produce(fd)`, which writes a tar stream to fd, through zstd into the descriptor `out`. zstd is stopped
+    (its output left unfinished) when produce fails."""
     widen_pipe(out)
     zstd = subprocess.Popen([ZSTD, "-q", "-c", "-T0", ZSTD_LEVEL], stdin=subprocess.PIPE, stdout=out)
     ok = False
     try:
         widen_pipe(zstd.stdin.fileno())
-        exporter = _Exporter(zstd.stdin.fileno())
-        exclude = _root_ids(roots)
-        for prefix, path in roots:
-            exporter.walk_root(prefix, path, exclude - _root_ids([(prefix, path)]))
-        exporter.finish()
+        produce(zstd.stdin.fileno())
         ok = True
     finally:
         zstd.stdin.close()
@@ -315,7 +335,8 @@ def export_to(roots: list[tuple[str, str]], out: int) -> None:
 
 
 class ArchiveError(Exception):
-    """The archive is not a valid flarebox export (→ invalid_archive) or over a limit (→ payload_too_large)."""
+    """The archive is not a valid flarebox export (→ invalid_archive) or over a limit (→ payload_too_large); `code`
+    is the protocol error the worker answers with (a directory archive's worker also uses file_not_found, …)."""
 
     def __init__(self, message: str, code: str = "invalid_archive"):
         super().__init__(message)
@@ -378,6 +399,92 @@ _TYPE_NAMES = {
     tarfile.GNUTYPE_LONGLINK: "a GNU long link",
     tarfile.XGLTYPE: "a pax global header",
 }
+
+
+class _Header(NamedTuple):
+    """One member's header with its pax (or GNU long-name) extensions applied."""
+
+    type: bytes
+    name: str
+    target: str
+    size: int
+    mode: int
+    mtime: int
+
+
+_GNU_LONG = (tarfile.GNUTYPE_LONGNAME, tarfile.GNUTYPE_LONGLINK)
+_MAX_EXTENSION = 1024 * 1024  # a pax or GNU long-name header's data is held in memory
+
+
+def _headers(reader: _Reader, foreign: bool = False) -> Iterator[_Header]:
+    """The members' headers up to the end-of-archive block. The caller reads each member's data before it asks for
+    the next. `foreign` also reads what other tar writers use: GNU tar's long-name members ('L', 'K') and pax
+    global headers that only hold a comment (git archive's); a flarebox export has neither."""
+    pax: dict[str, str] = {}
+    gnu: dict[bytes, str] = {}
+    while True:
+        block = reader.read_exact(_BLOCK, "a header")
+        if block == _ZEROS:
+            return  # end of archive
+        try:
+            info = tarfile.TarInfo.frombuf(block, "utf-8", "surrogateescape")
+        except tarfile.HeaderError as exc:
+            raise ArchiveError(f"a damaged tar header at byte {reader.offset - _BLOCK} ({exc})") from None
+        if info.type == tarfile.XHDTYPE or (foreign and (info.type in _GNU_LONG or info.type == tarfile.XGLTYPE)):
+            if info.size > _MAX_EXTENSION:
+                raise ArchiveError("a pax extended header is larger than 1 MiB")
+            data = reader.read_exact(info.size + (-info.size % _BLOCK), "a pax header")[: info.size]
+            if info.type == tarfile.XHDTYPE:
+                pax.update(_pax_records(data))
+            elif info.type in _GNU_LONG:
+                gnu[info.type] = data.rstrip(b"\0").decode("utf-8", "surrogateescape")
+            elif set(_pax_records(data)) - {"comment"}:
+                raise ArchiveError("a pax global header sets more than a comment (not supported)")
+            continue
+        name = pax.get("path", gnu.get(tarfile.GNUTYPE_LONGNAME, info.name))
+        target = pax.get("linkpath", gnu.get(tarfile.GNUTYPE_LONGLINK, info.linkname))
+        size, mtime = info.size, info.mtime
+        try:
+            if "size" in pax:
+                size = int(pax["size"])
+            if "mtime" in pax:
+                mtime = int(float(pax["mtime"]))
+        except (ValueError, OverflowError):
+            raise ArchiveError(f"member {name!r}: a pax size or mtime is not a number") from None
+        if any(key.startswith("GNU.sparse") for key in pax):
+            raise ArchiveError(f"member {name!r}: sparse files are not allowed")
+        pax, gnu = {}, {}
+        yield _Header(info.type, name, target, size, info.mode, mtime)
+
+
+def _member_kind(head: _Header, allowed: dict[bytes, str], allowed_text: str) -> str:
+    """The member's kind ("file", "dir", …) from `allowed`, refusing other types and data where none belongs."""
+    kind = allowed.get(head.type)
+    if kind is None:
+        what = _TYPE_NAMES.get(head.type, f"an unknown member type {head.type!r}")
+        raise ArchiveError(f"member {head.name!r} is {what}: only {allowed_text} are allowed")
+    if head.size < 0 or (kind != "file" and head.size != 0):
+        raise ArchiveError(f"member {head.name!r}: a {kind} with size {head.size}")
+    return kind
+
+
+@contextlib.contextmanager
+def _extracting(name: str):
+    """Creating a member: an OSError other than a full or failing disk means the archive's fault."""
+    try:
+        yield
+    except OSError as exc:
+        if exc.errno in (errno.ENOSPC, errno.EDQUOT, errno.EIO):
+            raise
+        # a name the filesystem refuses, or a path that is not what the archive said it was
+        raise ArchiveError(f"member {name!r} cannot be extracted ({os.strerror(exc.errno or 0)})") from None
+
+
+def _check_trailer(stream) -> None:
+    """The rest of the end-of-archive padding (read so zstd can finish): zeros only, and not an endless stream."""
+    trailer = stream.read(_CHUNK + 1)
+    if len(trailer) > _CHUNK or trailer.count(0) != len(trailer):
+        raise ArchiveError("there is data after the end of the archive")
 
 
 def _member_path(name: str) -> tuple[str, ...]:
@@ -477,70 +584,27 @@ class _Importer:
 
     def _run(self, reader: "_Reader", stream) -> dict:
         manifest = None
-        pax: dict[str, str] = {}
-        while True:
-            block = reader.read_exact(_BLOCK, "a header")
-            if block == b"\0" * _BLOCK:
-                break  # end of archive
-            try:
-                info = tarfile.TarInfo.frombuf(block, "utf-8", "surrogateescape")
-            except tarfile.HeaderError as exc:
-                raise ArchiveError(f"a damaged tar header at byte {reader.offset - _BLOCK} ({exc})") from None
-            if info.type == tarfile.XHDTYPE:
-                if info.size > 1024 * 1024:
-                    raise ArchiveError("a pax extended header is larger than 1 MiB")
-                pax.update(
-                    _pax_records(reader.read_exact(info.size + (-info.size % _BLOCK), "a pax header")[: info.size])
-                )
-                continue
-            name, target, size, mtime = info.name, info.linkname, info.size, info.mtime
-            if "path" in pax:
-                name = pax["path"]
-            if "linkpath" in pax:
-                target = pax["linkpath"]
-            try:
-                if "size" in pax:
-                    size = int(pax["size"])
-                if "mtime" in pax:
-                    mtime = int(float(pax["mtime"]))
-            except (ValueError, OverflowError):
-                raise ArchiveError(f"member {name!r}: a pax size or mtime is not a number") from None
-            if any(key.startswith("GNU.sparse") for key in pax):
-                raise ArchiveError(f"member {name!r}: sparse files are not allowed")
-            pax = {}
+        for head in _headers(reader):
             if manifest is not None:
-                raise ArchiveError(f"member {name!r} comes after {MANIFEST}, which must be the last member")
-            if info.type in _TYPE_NAMES or info.type not in _ALLOWED_TYPES:
-                what = _TYPE_NAMES.get(info.type, f"an unknown member type {info.type!r}")
-                raise ArchiveError(f"member {name!r} is {what}: only files, directories and symlinks are allowed")
-            kind = _ALLOWED_TYPES[info.type]
-            if kind == "dir":
-                name = name.rstrip("/")
-            if size < 0 or (kind != "file" and size != 0):
-                raise ArchiveError(f"member {name!r}: a {kind} with size {size}")
+                raise ArchiveError(f"member {head.name!r} comes after {MANIFEST}, which must be the last member")
+            kind = _member_kind(head, _ALLOWED_TYPES, "files, directories and symlinks")
+            name = head.name.rstrip("/") if kind == "dir" else head.name
             if name == MANIFEST and kind == "file":
-                if size > _MAX_MANIFEST_BYTES:
+                if head.size > _MAX_MANIFEST_BYTES:
                     raise ArchiveError(f"{MANIFEST} is larger than {_MAX_MANIFEST_BYTES} bytes")
-                manifest = reader.read_exact(size, MANIFEST)
-                reader.read_exact(-size % _BLOCK, MANIFEST)
+                manifest = reader.read_exact(head.size, MANIFEST)
+                reader.read_exact(-head.size % _BLOCK, MANIFEST)
                 continue
-            try:
-                self.member(reader, name, kind, size, info.mode & _MODE_BITS, mtime, target)
-            except OSError as exc:
-                if exc.errno in (errno.ENOSPC, errno.EDQUOT, errno.EIO):
-                    raise
-                # a name the filesystem refuses, or a path that is not what the archive said it was
-                raise ArchiveError(f"member {name!r} cannot be extracted ({os.strerror(exc.errno or 0)})") from None
+            with _extracting(name):
+                self.member(reader, kind, head._replace(name=name, mode=head.mode & _MODE_BITS))
         if manifest is None:
             raise ArchiveError(f"the archive has no {MANIFEST} (it must be the last member)")
-        # the rest of the end-of-archive padding (read so zstd can finish): zeros only, and not an endless stream
-        trailer = stream.read(_CHUNK + 1)
-        if len(trailer) > _CHUNK or trailer.count(0) != len(trailer):
-            raise ArchiveError("there is data after the end of the archive")
+        _check_trailer(stream)
         self.check_manifest(manifest)
         return {"files": sum(1 for e in self.seen.values() if e["type"] == "file"), "bytes": self.total}
 
-    def member(self, reader: _Reader, name: str, kind: str, size: int, mode: int, mtime: int, target: str) -> None:
+    def member(self, reader: _Reader, kind: str, head: _Header) -> None:
+        name, size, target = head.name, head.size, head.target
         parts = _member_path(name)
         if parts[0] not in self.staging_fd:
             raise ArchiveError(f"member {name!r}: this workspace has no {parts[0]} directory to import it into")
@@ -556,6 +620,13 @@ class _Importer:
                 raise ArchiveError(f"member {name!r}: its parent directory is not an earlier directory member")
         if kind == "symlink" and (not target or len(os.fsencode(target)) > _MAX_PATH_BYTES):
             raise ArchiveError(f"symlink {name!r}: the target is empty or longer than {_MAX_PATH_BYTES} bytes")
+        self.seen[name] = self.extract(reader, parts, kind, head)
+
+    def extract(self, reader: _Reader, parts: tuple[str, ...], kind: str, head: _Header) -> dict:
+        """Create one checked member in staging (`parts`: its root's prefix, then its path below the root; `head`:
+        its mode already without setuid/setgid); a file's data is read from `reader`. Returns what was extracted
+        (with a file's sha256)."""
+        name, size, mode, mtime, target = head.name, head.size, head.mode, head.mtime, head.target
         entry = {"type": kind, "size": size, "mode": mode}
         parent_fd = self.parent_fd(parts)
         leaf = parts[-1]
@@ -584,7 +655,7 @@ class _Importer:
             reader.read_exact(-size % _BLOCK, f"member {name!r}")
             entry["sha256"] = digest.hexdigest()
             self.total += size
-        self.seen[name] = entry
+        return entry
 
     def check_manifest(self, raw: bytes) -> None:
         try:
@@ -725,10 +796,15 @@ def _remove_leftovers(root: str) -> None:
 def import_from(roots: dict[str, str], source: int, max_bytes: int, max_entries: int) -> dict:
     """Read a tar.zst from descriptor `source`, verify it, and replace the roots' contents with it. Returns
     {"files", "bytes"}; raises ArchiveError (nothing changed) or OSError."""
+    return extract_archive(_Importer(roots, max_bytes, max_entries), source)
+
+
+def extract_archive(importer: _Importer, source: int) -> dict:
+    """Decompress the tar.zst on descriptor `source` with zstd and let `importer` stage, check and commit it;
+    anything short of a whole, valid stream discards the staging. Returns the importer's result."""
     zstd = subprocess.Popen(
         [ZSTD, "-q", "-d", "-c"], stdin=source, stdout=subprocess.PIPE, stderr=subprocess.PIPE, bufsize=_CHUNK
     )
-    importer = _Importer(roots, max_bytes, max_entries)
     committed = False
     try:
         widen_pipe(zstd.stdout.fileno())
@@ -805,8 +881,13 @@ def main(argv: list[str] | None = None) -> int:
             return 1
         return 0
     # import: the archive comes on stdin, the answer is one JSON line on stdout
+    return answer_import(lambda: import_from(dict(roots), sys.stdin.fileno(), args.max_bytes, args.max_entries))
+
+
+def answer_import(run_import) -> int:
+    """Run an import and write its answer, one JSON line on stdout: its result, or the error it failed with."""
     try:
-        result = import_from(dict(roots), sys.stdin.fileno(), args.max_bytes, args.max_entries)
+        result = run_import()
     except _Terminated:
         return 1
     except ArchiveError as exc:
@@ -870,7 +951,10 @@ def import_limits(environ: dict | None = None) -> tuple[int, int]:
     return values[0], values[1]
 
 
-def _worker_argv(action: str, roots: list[tuple[str, str]], extra: list[str] = ()) -> list[str]:
+WORKER = "flarebox_supervisor.archive"
+
+
+def _worker_argv(action: str, roots: list[tuple[str, str]], extra: list[str] = (), module: str = WORKER) -> list[str]:
     flags = []
     if sys.flags.isolated:
         flags.append("-I")
@@ -878,7 +962,7 @@ def _worker_argv(action: str, roots: list[tuple[str, str]], extra: list[str] = (
         flags.append("-P")
     if sys.dont_write_bytecode:
         flags.append("-B")
-    argv = [sys.executable, *flags, "-m", "flarebox_supervisor.archive", action]
+    argv = [sys.executable, *flags, "-m", module, action]
     for prefix, path in roots:
         argv += ["--root", f"{prefix}={path}"]
     return argv + list(extra)
@@ -894,11 +978,14 @@ def _worker_env() -> dict[str, str]:
     return env
 
 
-async def start_worker(identity, action: str, roots: list[tuple[str, str]], extra: list[str] = (), **pipes):
-    """Start `python -m flarebox_supervisor.archive ACTION` as the sandbox user (identity.spawn)."""
+async def start_worker(
+    identity, action: str, roots: list[tuple[str, str]], extra: list[str] = (), module: str = WORKER, **pipes
+):
+    """Start `python -m MODULE ACTION` (this module's worker, or another one's) as the sandbox user
+    (identity.spawn)."""
     import asyncio  # here, not at the top: the worker process has no use for it (~30 ms of its start)
 
-    argv, kwargs = identity.spawn(_worker_argv(action, roots, extra))
+    argv, kwargs = identity.spawn(_worker_argv(action, roots, extra, module))
     return await asyncio.create_subprocess_exec(
         *argv, env=_worker_env(), cwd="/", stderr=asyncio.subprocess.PIPE, limit=STREAM_CHUNK, **pipes, **kwargs
     )
@@ -934,8 +1021,9 @@ async def stop_worker(proc) -> None:
         await asyncio.wait_for(drain(), 10)
 
 
-def check_import_result(answer: bytes) -> dict:
-    """The worker's one-line JSON answer as the route's body, or its error as a ProtocolError."""
+def check_import_result(answer: bytes, fields: tuple[str, ...] = ("files", "bytes")) -> dict:
+    """The worker's one-line JSON answer as the route's body (its counts `fields`), or its error as a
+    ProtocolError."""
     from protocol.errors import ERRORS, ProtocolError
 
     try:
@@ -948,7 +1036,7 @@ def check_import_result(answer: bytes) -> dict:
         code = result["error"] if result["error"] in ERRORS else "internal_error"
         raise ProtocolError(code, str(result.get("message", ""))[:2000])
     try:
-        return {"files": int(result["files"]), "bytes": int(result["bytes"])}
+        return {field: int(result[field]) for field in fields}
     except (KeyError, TypeError, ValueError):
         raise ProtocolError("internal_error", "the import worker gave no answer") from None
 

@@ -38,6 +38,11 @@ class Registry:
         self.prune()
         return self._commands.get(request_id)
 
+    def recent(self) -> list[Command]:
+        """Every command still held (running, or finished and not yet pruned), newest first."""
+        self.prune()
+        return list(reversed(self._commands.values()))
+
     def cancel(self, request_id: str) -> str:
         self.prune()
         command = self._commands.get(request_id)

@@ -70,6 +70,7 @@ class Command:
         finally:
             os.close(write_fd)
         self.started_at = time.monotonic()
+        self.started_wall = time.time()  # for listings (GET /processes); started_at measures durations
         self.pgid = self.process.pid  # start_new_session: the child leads its own group
         self.pipe = OutputPipe(read_fd, self.journal, self._output_limit)
         self._stdin = StdinFeeder(self.process.stdin, req.stdin) if req.stdin is not None else None

@@ -7,7 +7,16 @@ import stat
 
 from aiohttp import web
 
-from flarebox_supervisor import __version__, archive, port_sockets, services
+from flarebox_supervisor import (
+    __version__,
+    archive,
+    dirarchive,
+    filetree,
+    port_sockets,
+    processes,
+    services,
+    terminals,
+)
 from flarebox_supervisor.files import _widen_unix_send_buffer, get_file, put_file
 from flarebox_supervisor.httpio import no_query, read_json, stream_journal
 from flarebox_supervisor.identity import Identity
@@ -215,6 +224,10 @@ def make_app(settings: Settings, identity: Identity, files) -> web.Application:
     app.router.add_put("/import", import_archive)
     services.add_routes(app)
     port_sockets.add_routes(app)
+    filetree.add_routes(app)
+    dirarchive.add_routes(app)
+    processes.add_routes(app)
+    terminals.add_routes(app)
 
     async def on_shutdown(app: web.Application) -> None:
         app["registry"].kill_all()

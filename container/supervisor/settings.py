@@ -1,8 +1,8 @@
 """Supervisor settings: the CLI's choices plus a few operator overrides from the environment.
 
 Limits default to protocol v1; an operator may only lower the file limits (FLAREBOX_MAX_FILE_*_BYTES). The heartbeat
-interval, a service's first restart delay and the proxy's head timeout may be lowered too, so tests can observe
-heartbeats, crash loops and timeouts without waiting for the protocol's values.
+interval, a service's first restart delay, the proxy's head timeout and a detached terminal's linger may be lowered
+too, so tests can observe heartbeats, crash loops and timeouts without waiting for the protocol's values.
 """
 
 import os
@@ -32,6 +32,7 @@ class Settings:
     service_quick_exit_seconds: float = limits.SERVICE_QUICK_EXIT_SECONDS
     service_max_quick_exits: int = limits.SERVICE_MAX_QUICK_EXITS
     proxy_head_seconds: float = limits.PROXY_HEAD_SECONDS
+    pty_linger_seconds: float = limits.PTY_LINGER_SECONDS
 
 
 def _positive(environ: dict, name: str, default: float, cap: float | None = None) -> float:
@@ -69,5 +70,8 @@ def settings_from_env(workdir: str, environ: dict | None = None) -> Settings:
         ),
         proxy_head_seconds=_positive(
             env, "FLAREBOX_PROXY_HEAD_SECONDS", limits.PROXY_HEAD_SECONDS, limits.PROXY_HEAD_SECONDS
+        ),
+        pty_linger_seconds=_positive(
+            env, "FLAREBOX_PTY_LINGER_SECONDS", limits.PTY_LINGER_SECONDS, limits.PTY_LINGER_SECONDS
         ),
     )
