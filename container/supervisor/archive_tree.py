@@ -67,6 +67,10 @@ def _path_error(exc: OSError, path: str) -> ArchiveError:
     return ArchiveError(f"cannot open {path} ({reason})", "internal_error")
 
 
+def _short(message: str, keep: int = 500) -> str:
+    return message if len(message) <= keep else message[: keep - 40] + " … " + message[-37:]
+
+
 def _not_a_directory(path: str, info: os.stat_result) -> ArchiveError:
     if stat.S_ISLNK(info.st_mode):
         return ArchiveError(
@@ -79,10 +83,23 @@ def _not_a_directory(path: str, info: os.stat_result) -> ArchiveError:
 
 
 class _TreeExporter(archive._Exporter):
-    """The exporter's walk, with names relative to DIR and no manifest: nothing is kept per member."""
+    """The exporter's walk, with names relative to DIR and no manifest: nothing is kept per member. It stays on
+    DIR's filesystem, as `tar --one-file-system` does: a mount point below DIR (/proc, /sys, /dev, the image's
+    read-only /usr under `/`) is skipped, so an archive of `/` is the sandbox's own files, never a walk through the
+    kernel's virtual files."""
+
+    def __init__(self, out: int, device: int):
+        super().__init__(out)
+        self.device = device
 
     def record(self, entry: dict) -> None:
         pass
+
+    def directory(self, dir_fd: int, name: str, path: str, exclude: set[tuple[int, int]]) -> None:
+        if os.stat(name, dir_fd=dir_fd, follow_symlinks=False).st_dev != self.device:
+            self.skip(path + "/", "another filesystem (a mount point): archive it by its own path")
+            return
+        super().directory(dir_fd, name, path, exclude)
 
     def finish(self) -> None:
         self.emit(bytes(2 * archive._BLOCK))  # the end-of-archive blocks
@@ -111,7 +128,7 @@ def export_dir(path: str, out: int) -> _TreeExporter:
 
     def produce(tar: int) -> None:
         nonlocal exporter
-        exporter = _TreeExporter(tar)
+        exporter = _TreeExporter(tar, os.fstat(fd).st_dev)
         exporter.walk(fd, "", top=True, exclude=set())
         exporter.finish()
 
@@ -201,6 +218,8 @@ class _TreeImporter(archive._Importer):
         except PermissionError as exc:
             message = f"the sandbox user may not write in {self.path} ({exc.strerror})"
             raise ArchiveError(message, "permission_denied") from None
+        except OSError as exc:  # a read-only filesystem (EROFS), a full disk: the staging directory cannot be made
+            raise _path_error(exc, self.path) from None
 
     def _make_root(self) -> None:
         try:
@@ -364,7 +383,8 @@ def _export(path: str) -> int:
         exporter = export_dir(path, sys.stdout.fileno())
     except ArchiveError as exc:
         # nothing was written: the supervisor answers with this error instead of an archive
-        print(json.dumps(archive._error_result(exc.code, exc.message)), file=sys.stderr)
+        # one short line: the supervisor keeps the first bytes of stderr, and a message may quote a 4096-byte path
+        print(json.dumps(archive._error_result(exc.code, _short(exc.message)), ensure_ascii=False), file=sys.stderr)
         return 2
     except (OSError, archive._Terminated) as exc:
         print(f"export failed: {exc!r}", file=sys.stderr)

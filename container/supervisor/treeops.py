@@ -25,6 +25,7 @@ permission checks and symlink resolution are the sandbox user's. On top of that:
 import bisect
 import contextlib
 import ctypes
+import datetime
 import errno
 import itertools
 import json
@@ -32,7 +33,6 @@ import os
 import shutil
 import stat
 import sys
-import time
 
 from flarebox_supervisor.fileops import _fail
 from protocol.errors import ProtocolError
@@ -52,9 +52,18 @@ def _kind(mode: int) -> str:
     return next((name for test, name in _KINDS if test(mode)), "other")
 
 
+# The wire's timestamps have four-digit years; a file's mtime is the sandbox user's to set (tmpfs keeps 64-bit
+# seconds), so one outside years 1–9999 is shown as the nearest end of that range rather than breaking the answer.
+_FIRST_SECOND = -62135596800  # 0001-01-01T00:00:00Z
+_LAST_SECOND = 253402300799  # 9999-12-31T23:59:59Z
+
+
 def _mtime(ns: int) -> str:
     seconds, nanos = divmod(ns, 10**9)
-    return time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(seconds)) + f".{nanos // 10**6:03d}Z"
+    if not _FIRST_SECOND <= seconds <= _LAST_SECOND:
+        seconds, nanos = (_FIRST_SECOND, 0) if seconds < _FIRST_SECOND else (_LAST_SECOND, 999_999_999)
+    moment = datetime.datetime.fromtimestamp(seconds, datetime.UTC)
+    return f"{moment.year:04d}" + moment.strftime("-%m-%dT%H:%M:%S") + f".{nanos // 10**6:03d}Z"
 
 
 def _entry(path: str, info: os.stat_result, target: bytes | None) -> dict:

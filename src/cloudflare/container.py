@@ -17,7 +17,9 @@ from pyodide.ffi import JsException, create_proxy
 
 from cloudflare import streams
 from cloudflare.jsutil import header_pairs, headers_dict, is_null, jsobj, to_bytes, uint8
+from cloudflare.sockets import JsSocket
 from durable.ports import ContainerGone, SnapshotInfo, StartSpec
+from durable.supervisor_client import error_of
 from protocol import limits
 from protocol.errors import ProtocolError
 from protocol.limits import CONTROL_BODY_BYTES
@@ -33,6 +35,9 @@ INACTIVITY_MARGIN_SECONDS = 1800
 # The platform's rule, not a setting.
 SNAPSHOT_LIFETIME_DAYS = 30
 SNAPSHOT_LIFETIME_MS = SNAPSHOT_LIFETIME_DAYS * 24 * 3600 * 1000
+# How long the supervisor may take to answer a WebSocket upgrade (open the terminal, or refuse it), and to send the
+# whole of a refusal: a local process that answers at once or is wedged.
+CONNECT_SECONDS = 10
 
 _HANDLES_TABLE = """CREATE TABLE IF NOT EXISTS cf_container_snapshots (
   id TEXT PRIMARY KEY, handle TEXT NOT NULL, created_at_ms INTEGER NOT NULL)"""
@@ -234,6 +239,36 @@ class CloudflareContainer:
             log.debug("port %d fetch %s failed: %s", port, method, exc)
             raise ProtocolError("upstream_unavailable", f"nothing answers on port {port}") from None
         return JsContainerResponse(js_response)
+
+    async def connect(self, path: str) -> JsSocket:
+        """A WebSocket to the supervisor: the port's fetch with `Upgrade: websocket` answers a 101 carrying
+        `webSocket` (accepted here), or the supervisor's refusal of the upgrade — a plain HTTP error, read like a
+        control answer (capped, timed) and raised as its ProtocolError."""
+        if not self.running():
+            raise ContainerGone("the container is not running")
+        js_init = jsobj({"method": "GET", "headers": {"upgrade": "websocket"}})
+        # aborted only when no answer came: a signal on the fetch could cut the socket later
+        controller = js.AbortController.new()
+        js_init.signal = controller.signal
+        try:
+            pending = self._container.getTcpPort(SUPERVISOR_PORT).fetch(SUPERVISOR_ORIGIN + path, js_init)
+            js_response = await asyncio.wait_for(_awaited(pending), CONNECT_SECONDS)
+        except TimeoutError:
+            controller.abort()
+            raise ContainerGone(f"the supervisor did not answer the upgrade in {CONNECT_SECONDS} s") from None
+        except JsException as exc:
+            log.debug("container upgrade %s failed: %s", path.split("?", 1)[0], exc)
+            raise ContainerGone("the container did not answer") from exc
+        ws = getattr(js_response, "webSocket", None)
+        if int(js_response.status) != 101 or is_null(ws):
+            refusal = JsContainerResponse(js_response, read_seconds=CONNECT_SECONDS)
+            raise await error_of(refusal, fallback="internal_error")
+        socket = JsSocket(ws)
+        try:
+            await socket.accept()
+        except ConnectionError as exc:
+            raise ContainerGone("the supervisor's socket could not be accepted") from exc
+        return socket
 
     async def snapshot(self) -> SnapshotInfo:
         asked_ms = self._clock.now_ms()

@@ -15,9 +15,11 @@ from cloudflare.clock import JsClock
 from cloudflare.container import CloudflareContainer
 from cloudflare.jsutil import is_null
 from cloudflare.settings import env_var, settings_from_env
+from cloudflare.sockets import JsSocket, SocketResponse, is_upgrade, socket_pair
 from cloudflare.storage import DurableStorage
 from cloudflare.streams import JsStreams
 from cloudflare.worker_side import JsRequestBody
+from durable import operations as ops
 from durable.ports import Response
 from durable.workspace import Workspace
 from protocol import limits
@@ -79,6 +81,9 @@ class WorkspaceHost:
                 raise ProtocolError("not_found")
             workspace = self._workspace_for(js_request.headers.get(wire.WORKSPACE_HEADER))
             raw_args = js_request.headers.get(wire.ARGS_HEADER)
+            operation = ops.OPERATIONS.get(op)
+            if operation is not None and operation.socket:
+                return await self._upgrade(workspace, op, raw_args, js_request)
             if not is_null(raw_args):
                 args, body = wire.decode_args(op, str(raw_args)), js_request.body
             else:
@@ -90,6 +95,27 @@ class WorkspaceHost:
         except Exception:
             log.exception("workspace call failed")
             return Response.error(ProtocolError("internal_error"))
+
+    async def _upgrade(self, workspace: Workspace, op: str, raw_args: Any, js_request: Any) -> Response:
+        """A WebSocket operation (the terminal): the workspace gets a pair's server end as the client's socket; once
+        it accepted it (101), the answer carries the client end, which the Worker hands the client. A refusal
+        before that is an ordinary error answer, and the pair is dropped unused."""
+        if not is_upgrade(js_request.headers):
+            raise ProtocolError("websocket_required")
+        if is_null(raw_args):
+            raise ProtocolError("internal_error", "the upgrade did not carry its args")
+        args = wire.decode_args(op, str(raw_args))
+        client, server = socket_pair()
+        socket = JsSocket(server)
+        try:
+            response = await workspace.call(op, args, socket)
+        except BaseException:
+            await socket.close(1011)  # if it was accepted, nothing may be left listening
+            raise
+        if response.status == 101:
+            return SocketResponse(status=101, body=None, socket=client)
+        await socket.close(1011)
+        return response
 
     async def alarm(self) -> None:
         if self._workspace is None:

@@ -7,6 +7,10 @@
 
 The object's Response (often a stream) comes back unchanged.
 
+A WebSocket operation (the terminal, `pty`) is the client's upgrade, forwarded: a GET with `Upgrade: websocket` and
+no body (the runtime turns any upgrade through a stub into one), its args in x-flarebox-args. The object answers 101
+with its WebSocketPair's client end, or refuses like any call (cloudflare/sockets.py).
+
 A directory call is the same shape, to the one directory object (`env.DIRECTORY.getByName("directory")`):
 
     POST https://directory/call/<op>

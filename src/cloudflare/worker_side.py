@@ -10,6 +10,7 @@ from pyodide.ffi import JsProxy
 
 from cloudflare import wire
 from cloudflare.jsutil import header_pairs, headers_dict, is_null, jsobj, to_bytes, uint8
+from cloudflare.sockets import ClientUpgrade, SocketResponse
 from durable import operations as ops
 from durable.ports import JSON_TYPE, Response
 from protocol.errors import ERRORS, ProtocolError, http_status
@@ -79,6 +80,7 @@ def edge_request(js_request: Any) -> EdgeRequest:
         query=query,
         headers=headers,
         body=JsRequestBody(js_request.body),
+        socket=ClientUpgrade.of(headers),  # a WebSocket upgrade: routed by the edge, answered by the object
         # Cloudflare sets CF-Connecting-IP to the client's address, replacing one the client sent
         client_ip=headers.get("cf-connecting-ip", ""),
         scheme=url.split("://", 1)[0].lower(),
@@ -87,7 +89,9 @@ def edge_request(js_request: Any) -> EdgeRequest:
 
 def js_response(resp: Response) -> Any:
     """A ports.Response as a JS Response; a stream body passes through untouched. `header_pairs` come after
-    `headers`, appended one by one so that several Set-Cookie stay several."""
+    `headers`, appended one by one so that several Set-Cookie stay several. A SocketResponse is the 101 that
+    hands the runtime its WebSocket."""
+    socket = resp.socket if isinstance(resp, SocketResponse) else None
     body = resp.body
     if resp.status in NULL_BODY_STATUSES:
         if isinstance(body, JsProxy):
@@ -102,6 +106,10 @@ def js_response(resp: Response) -> Any:
         headers.append(name, value)
     init = jsobj({"status": resp.status})
     init.headers = headers
+    if socket is not None:
+        init.status = 101
+        init.webSocket = socket
+        body = None
     return js.Response.new(body, init)
 
 
@@ -116,6 +124,9 @@ class DurableObjectStub:
     async def call(self, op: str, args: Any, body: Any = None) -> Response:
         if self._stub is None:
             self._stub = self._binding.getByName(self._key)
+        operation = ops.OPERATIONS.get(op)
+        if operation is not None and operation.socket:
+            return await self._upgrade(op, args, body)
         headers = {wire.WORKSPACE_HEADER: self._key}
         if body is None:
             headers["content-type"] = "application/json"
@@ -134,6 +145,30 @@ class DurableObjectStub:
             js_resp = (await self._stub.fetch(request)).js_object
         except Exception as exc:  # the SDK raises its own error types for a failed fetch
             raise ProtocolError("internal_error", "the workspace object did not answer") from exc
+        return await self._answer(op, js_resp)
+
+    async def _upgrade(self, op: str, args: Any, upgrade: ClientUpgrade | None) -> Response:
+        """A WebSocket operation: the client's upgrade, forwarded. The runtime passes a WebSocket through a stub
+        only on a GET with `Upgrade: websocket` (any other method arrives as a GET, a body is dropped), so the args
+        go in their header. The object's 101 carries its pair's client end, returned as is in the Worker's own 101
+        (the runtime couples it to the client); any other answer is the object's refusal, passed on as usual."""
+        if upgrade is None:
+            raise ProtocolError("websocket_required")
+        headers = {wire.WORKSPACE_HEADER: self._key, wire.ARGS_HEADER: wire.args_header(args), "upgrade": "websocket"}
+        request = js.Request.new(wire.call_url(op), jsobj({"method": "GET", "headers": headers}))
+        try:
+            js_resp = (await self._stub.fetch(request)).js_object
+        except Exception as exc:
+            raise ProtocolError("internal_error", "the workspace object did not answer") from exc
+        socket = getattr(js_resp, "webSocket", None)
+        if int(js_resp.status) != 101:
+            return await self._answer(op, js_resp)
+        if is_null(socket):
+            raise ProtocolError("internal_error", "the workspace object answered the upgrade without a WebSocket")
+        selected = {"sec-websocket-protocol": upgrade.subprotocol} if upgrade.subprotocol else {}
+        return SocketResponse(status=101, body=None, headers=selected, socket=socket)
+
+    async def _answer(self, op: str, js_resp: Any) -> Response:
         if op == ops.PROXY.name:
             # a proxied answer, relayed as it is: never read (a service's JSON may be large), every header kept
             body = None if is_null(js_resp.body) else js_resp.body

@@ -12,6 +12,8 @@ from dataclasses import MISSING, asdict, dataclass, fields, is_dataclass
 from typing import Any, get_args, get_origin
 
 from protocol.errors import ProtocolError
+from protocol.files import ListRequest, MkdirRequest, MoveRequest, SignalRequest
+from protocol.pty import PtyRequest
 from protocol.validate import ExecRequest, WorkspaceConfig
 
 
@@ -100,6 +102,31 @@ class WriteFileArgs:
 
 
 @dataclass(frozen=True)
+class StatArgs:
+    path: str
+
+
+@dataclass(frozen=True)
+class DeleteFileArgs:
+    path: str
+    recursive: bool = False
+
+
+@dataclass(frozen=True)
+class ArchiveArgs:
+    """GET or PUT …/files/archive: one directory as a tar.zst."""
+
+    path: str
+    length: int | None = None  # a PUT's Content-Length, when sent
+
+
+@dataclass(frozen=True)
+class SignalArgs:
+    pid: int
+    request: SignalRequest
+
+
+@dataclass(frozen=True)
 class ServiceArgs:
     name: str  # validated service name
 
@@ -145,6 +172,7 @@ class Operation:
     name: str
     args: type  # the frozen dataclass its handler takes
     streams_body: bool = False  # the request body is passed to the workspace as a stream (file uploads)
+    socket: bool = False  # a WebSocket: the client's socket (ports.Socket) is passed as the body
 
 
 GET = Operation("get", NoArgs)
@@ -155,6 +183,16 @@ REATTACH = Operation("reattach", ReattachArgs)
 CANCEL = Operation("cancel", CancelArgs)
 READ_FILE = Operation("read_file", ReadFileArgs)
 WRITE_FILE = Operation("write_file", WriteFileArgs, streams_body=True)
+LIST_FILES = Operation("list_files", ListRequest)
+STAT_FILE = Operation("stat_file", StatArgs)
+DELETE_FILE = Operation("delete_file", DeleteFileArgs)
+MOVE_FILE = Operation("move_file", MoveRequest)
+MAKE_DIR = Operation("make_dir", MkdirRequest)
+GET_ARCHIVE = Operation("get_archive", ArchiveArgs)
+PUT_ARCHIVE = Operation("put_archive", ArchiveArgs, streams_body=True)
+PROCESSES = Operation("processes", NoArgs)
+SIGNAL_PROCESS = Operation("signal_process", SignalArgs)
+PTY = Operation("pty", PtyRequest, socket=True)
 SNAPSHOT = Operation("snapshot", SnapshotArgs)
 SNAPSHOTS = Operation("snapshots", NoArgs)
 PATCH_SNAPSHOT = Operation("patch_snapshot", PatchSnapshotArgs)
@@ -188,6 +226,16 @@ OPERATIONS: dict[str, Operation] = {
         CANCEL,
         READ_FILE,
         WRITE_FILE,
+        LIST_FILES,
+        STAT_FILE,
+        DELETE_FILE,
+        MOVE_FILE,
+        MAKE_DIR,
+        GET_ARCHIVE,
+        PUT_ARCHIVE,
+        PROCESSES,
+        SIGNAL_PROCESS,
+        PTY,
         SNAPSHOT,
         SNAPSHOTS,
         PATCH_SNAPSHOT,

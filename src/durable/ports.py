@@ -200,6 +200,22 @@ class ContainerResponse(Protocol):
         """`read()` (capped) as JSON."""
 
 
+class Socket(Protocol):
+    """One WebSocket: a client's (a terminal, GET …/pty) or the supervisor's. A frame is bytes (binary) or str
+    (text)."""
+
+    async def accept(self) -> None:
+        """A client's socket: answer its upgrade (101). Before this, the request can still be refused over HTTP."""
+
+    async def receive(self) -> bytes | str | None:
+        """The next frame; None once the other side closed (or went away)."""
+
+    async def send(self, frame: bytes | str) -> None:
+        """Raises ConnectionError once the other side is gone."""
+
+    async def close(self, code: int = 1000, reason: str = "") -> None: ...
+
+
 class Container(Protocol):
     """The workspace's container (ctx.container / a bubblewrap sandbox running the supervisor)."""
 
@@ -241,6 +257,10 @@ class Container(Protocol):
         for long); its head must come within PROXY_HEAD_SECONDS. Raises ProtocolError('upstream_unavailable') when
         nothing accepts the connection, ProtocolError('upstream_timeout') without a head in time, ContainerGone
         when the container is not running."""
+
+    async def connect(self, path: str) -> Socket:
+        """A WebSocket to the supervisor (path includes any query string). Raises the supervisor's refusal of the
+        upgrade as a ProtocolError, ContainerGone when the container cannot be reached."""
 
     async def snapshot(self) -> SnapshotInfo:
         """Save the container's filesystem, its `expires_at_ms` set where the platform expires snapshots. Raises

@@ -11,8 +11,10 @@ import shlex
 from typing import Any
 from urllib.parse import quote
 
+from durable.operations import DeleteFileArgs, SignalArgs, StatArgs
 from durable.ports import JSON_TYPE, Clock, Container, ContainerGone, ContainerResponse
 from protocol.errors import ERRORS, ProtocolError
+from protocol.files import ListRequest, MkdirRequest, MoveRequest
 
 log = logging.getLogger("flarebox.supervisor")
 
@@ -145,6 +147,14 @@ async def export_archive(container: Container) -> ContainerResponse:
     return resp
 
 
+async def dir_archive(container: Container, path: str) -> ContainerResponse:
+    """GET /files/archive: one directory as a plain tar.zst, streamed in `body`; errors as for export_archive."""
+    resp = await container.fetch("GET", f"/files/archive?{query(path=path)}", timeout=EXPORT_SILENCE_SECONDS)
+    if resp.status != 200:
+        raise await error_of(resp, "internal_error")
+    return resp
+
+
 async def import_archive(container: Container, body: Any, length: int | None = None) -> dict:
     """PUT /import: `body` (bytes or a stream, passed through unbuffered) replaces the workspace's and home's
     files once the archive verified against its manifest. Returns {"files": N, "bytes": N}; raises the
@@ -164,3 +174,29 @@ async def import_archive(container: Container, body: Any, length: int | None = N
     if not all(isinstance(v, int) and not isinstance(v, bool) for v in result.values()):
         raise ProtocolError("internal_error", "the sandbox answered the import with something else")
     return result
+
+
+# --- the file tree and processes: one request each, whose answer the workspace passes through ------------------
+
+TREE_SILENCE_SECONDS = 300  # a recursive delete or a move of a large tree answers only when done
+
+
+def tree_request(args: Any) -> tuple[str, str, bytes | None]:
+    """(method, path with query, JSON body) of the supervisor request an operation's arguments stand for."""
+    if isinstance(args, ListRequest):
+        q = query(path=args.path, depth=args.depth, limit=args.limit, cursor=args.cursor)
+        return "GET", f"/files/list?{q}", None
+    if isinstance(args, StatArgs):
+        return "GET", f"/files/stat?{query(path=args.path)}", None
+    if isinstance(args, DeleteFileArgs):
+        return "DELETE", f"/files?{query(path=args.path, recursive='true' if args.recursive else None)}", None
+    if isinstance(args, MoveRequest):
+        body = {"from": args.source, "to": args.target, "overwrite": args.overwrite}
+        return "POST", "/files/move", json.dumps(body).encode()
+    if isinstance(args, MkdirRequest):
+        body = {"path": args.path, "parents": args.parents, "mode": f"{args.mode:04o}"}
+        return "POST", "/files/mkdir", json.dumps(body).encode()
+    if isinstance(args, SignalArgs):
+        body = {"signal": args.request.signal, "group": args.request.group}
+        return "POST", f"/processes/{args.pid}/signal", json.dumps(body).encode()
+    raise TypeError(f"no supervisor request for {type(args).__name__}")

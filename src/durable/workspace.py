@@ -13,7 +13,7 @@ from dataclasses import replace
 from typing import Any
 
 from durable import operations as ops
-from durable import retention, supervisor_client
+from durable import retention, supervisor_client, terminal
 from durable.backups import BackupBook
 from durable.boot import BootOutcome, Listener, SharedBoot
 from durable.launches import Launches
@@ -29,6 +29,7 @@ from durable.ports import (
     ContainerGone,
     Response,
     SnapshotInfo,
+    Socket,
     StartSpec,
     Storage,
     Streams,
@@ -43,6 +44,8 @@ from durable.timefmt import iso_ms
 from protocol import proxy
 from protocol.errors import ProtocolError
 from protocol.events import error_event, started_event, status_event
+from protocol.files import ListRequest, MkdirRequest, MoveRequest
+from protocol.pty import PtyRequest
 from protocol.services import service_from_json
 from protocol.snapshots import LATEST
 from protocol.validate import ExecRequest
@@ -100,6 +103,16 @@ class Workspace:
             ops.CANCEL: self._op_cancel,
             ops.READ_FILE: self._op_read_file,
             ops.WRITE_FILE: self._op_write_file,
+            ops.LIST_FILES: self._op_list_files,
+            ops.STAT_FILE: self._op_stat_file,
+            ops.DELETE_FILE: self._op_delete_file,
+            ops.MOVE_FILE: self._op_move_file,
+            ops.MAKE_DIR: self._op_make_dir,
+            ops.GET_ARCHIVE: self._op_get_archive,
+            ops.PUT_ARCHIVE: self._op_put_archive,
+            ops.PROCESSES: self._op_processes,
+            ops.SIGNAL_PROCESS: self._op_signal_process,
+            ops.PTY: self._op_pty,
             ops.SNAPSHOT: self._op_snapshot,
             ops.SNAPSHOTS: self._op_snapshots,
             ops.PATCH_SNAPSHOT: self._op_patch_snapshot,
@@ -534,23 +547,111 @@ class Workspace:
 
     async def _op_read_file(self, args: ops.ReadFileArgs, body: Any) -> Response:
         q = supervisor_client.query(path=args.path, max_bytes=self.settings.max_file_read_bytes)
-        return await self._transfer("GET", q)
+        return await self._transfer("GET", f"/files?{q}")
 
     async def _op_write_file(self, args: ops.WriteFileArgs, body: Any) -> Response:
         q = supervisor_client.query(
             path=args.path, mode=f"{args.mode:04o}", max_bytes=self.settings.max_file_write_bytes
         )
         headers = {"content-length": str(args.length), "content-type": "application/octet-stream"}
-        return await self._transfer("PUT", q, body=body, headers=headers)
+        return await self._transfer("PUT", f"/files?{q}", body=body, headers=headers)
 
-    async def _transfer(self, method: str, query: str, **fetch: Any) -> Response:
+    async def _transfer(self, method: str, target: str, **fetch: Any) -> Response:
         """The supervisor's answer (the file, or its error) passed through: status, body stream, describing headers."""
         self._require()
         with self._in_flight:  # a transfer slower than IDLE_SECONDS must not have its container stopped under it
             await self._ensure_running()
             await self._touch()
-            resp = await self.container.fetch(method, f"/files?{query}", **fetch)
+            resp = await self.container.fetch(method, target, **fetch)
         return Response(resp.status, resp.body, {k: v for k, v in resp.headers.items() if k.lower() in _PASS_HEADERS})
+
+    async def _op_list_files(self, args: ListRequest, body: Any) -> Response:
+        return await self._supervised(args)
+
+    async def _op_stat_file(self, args: ops.StatArgs, body: Any) -> Response:
+        return await self._supervised(args)
+
+    async def _op_delete_file(self, args: ops.DeleteFileArgs, body: Any) -> Response:
+        return await self._supervised(args)
+
+    async def _op_move_file(self, args: MoveRequest, body: Any) -> Response:
+        return await self._supervised(args)
+
+    async def _op_make_dir(self, args: MkdirRequest, body: Any) -> Response:
+        return await self._supervised(args)
+
+    async def _supervised(self, args: Any) -> Response:
+        """One supervisor request as the sandbox user, its answer passed through (the workspace boots first where
+        it sleeps, like a file read)."""
+        method, target, data = supervisor_client.tree_request(args)
+        headers = {"content-type": JSON_TYPE} if data is not None else None
+        timeout = supervisor_client.TREE_SILENCE_SECONDS
+        return await self._transfer(method, target, body=data, headers=headers, timeout=timeout)
+
+    async def _op_get_archive(self, args: ops.ArchiveArgs, body: Any) -> Response:
+        """A directory as a tar.zst, streamed; work in flight until its last byte (like an export)."""
+        self._require()
+
+        async def upstream() -> Any:
+            await self._ensure_running()
+            await self._touch()
+            return await supervisor_client.dir_archive(self.container, args.path)
+
+        _, readable = await self._relayed(upstream)
+        name = args.path.rstrip("/").rpartition("/")[2] or "root"
+        headers = {"content-type": supervisor_client.ARCHIVE_TYPE, "content-disposition": _attachment(name)}
+        return Response(200, readable, headers)
+
+    async def _op_put_archive(self, args: ops.ArchiveArgs, body: Any) -> Response:
+        q = supervisor_client.query(path=args.path)
+        headers = {"content-type": supervisor_client.ARCHIVE_TYPE}
+        if args.length is not None:
+            headers["content-length"] = str(args.length)
+        timeout = supervisor_client.IMPORT_SILENCE_SECONDS
+        return await self._transfer("PUT", f"/files/archive?{q}", body=body, headers=headers, timeout=timeout)
+
+    # --- processes -----------------------------------------------------------------------------------------
+
+    async def _op_processes(self, args: ops.NoArgs, body: Any) -> Response:
+        """What runs in the workspace. A sleeping one runs nothing: answered without waking it."""
+        self._require()
+        if not self._container_up():
+            return Response.json(200, {"commands": [], "processes": [], "truncated": False})
+        resp = await self.container.fetch("GET", "/processes")
+        return Response(resp.status, resp.body, {k: v for k, v in resp.headers.items() if k.lower() in _PASS_HEADERS})
+
+    async def _op_signal_process(self, args: ops.SignalArgs, body: Any) -> Response:
+        self._require()
+        if not self._container_up():
+            raise ProtocolError("process_not_found", "the workspace is not running, so no process runs in it")
+        return await self._supervised(args)
+
+    # --- terminals -----------------------------------------------------------------------------------------
+
+    async def _op_pty(self, args: PtyRequest, client: Socket) -> Response:
+        """Answer the upgrade, then run the session in the background (durable/terminal.py): 101 returns at once,
+        so the runtime can hand the client its socket while the boot reports progress in it."""
+        self._require()
+        await client.accept()
+        self.clock.spawn(self._terminal(args, client))
+        return Response(101, None)
+
+    async def _terminal(self, args: PtyRequest, client: Socket) -> None:
+        """A connected terminal is work in flight (a person is at it): the idle save never stops the container
+        under it. Once the client leaves, its session lingers in the supervisor without keeping anything awake."""
+        with self._in_flight:
+
+            async def connect() -> Socket:
+                q = supervisor_client.query(session=args.session, cols=args.cols, rows=args.rows)
+                return await self.container.connect(f"/pty?{q}")
+
+            try:
+                await terminal.run(client, self._ensure_running, connect)
+            finally:
+                try:
+                    await self._touch()
+                except Exception:
+                    log.debug("no idle push after a terminal session", exc_info=True)
 
     # --- services and secrets ------------------------------------------------------------------------------
 
@@ -886,8 +987,8 @@ class Workspace:
             return await supervisor_client.export_archive(self.container)
 
         _, readable = await self._relayed(upstream)
-        filename = f"{self.namespace}-{self.name}.tar.zst"
-        headers = {"content-type": "application/zstd", "content-disposition": f'attachment; filename="{filename}"'}
+        disposition = _attachment(f"{self.namespace}-{self.name}")
+        headers = {"content-type": "application/zstd", "content-disposition": disposition}
         return Response(200, readable, headers)
 
     async def _op_import(self, args: ops.ImportArgs, body: Any) -> Response:
@@ -1016,3 +1117,10 @@ class Workspace:
             else:
                 state.set_state(await self._resting_state())
                 self.schedule.clear_all()
+
+
+def _attachment(name: str) -> str:
+    """Content-Disposition of a downloaded tar.zst named after `name` (quotes and controls replaced: the name may
+    come from a path the caller chose)."""
+    safe = "".join(c if c.isascii() and c.isprintable() and c not in '"\\' else "_" for c in name)
+    return f'attachment; filename="{safe}.tar.zst"'

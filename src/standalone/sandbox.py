@@ -57,6 +57,7 @@ from standalone.config import IMAGE_BINDS_VAR, ImageBind, parse_image_binds
 from standalone.log_tail import LogTail
 from standalone.network import PrivateNetwork, data_fd, private_network_available
 from standalone.peer import PeerCheckedBackend
+from standalone.sandbox_socket import SupervisorSocket, open_socket
 from standalone.snapshots import SnapshotStore
 from standalone.uids import adopt_tree
 from standalone.upstream import PortConnections, PortResponse, open_port_socket
@@ -504,6 +505,11 @@ class SandboxContainer:
         except httpx.HTTPError as exc:
             raise ContainerGone(f"the sandbox cannot be reached: {exc.__class__.__name__}") from None
         return SandboxResponse(response)
+
+    async def connect(self, path: str) -> SupervisorSocket:
+        if self._client is None or not self.running():
+            raise ContainerGone("the sandbox is not running")
+        return await open_socket(str(self.socket_path), path, self._expected_peer)
 
     async def fetch_port(
         self,

@@ -113,6 +113,8 @@ def run_server(*, host: str, port: int, data_dir: Path, log_level: str = "info")
         port=port,
         log_level=log_level,
         http=FlareboxH11Protocol,  # h11, with the documented 431 for heads too big for its buffer
+        # the terminal route's WebSockets; pings every 20 s keep a quiet terminal's connection (and proxies) alive
+        ws="websockets-sansio",
         lifespan="on",
         # the caller's address is the connection's: X-Forwarded-For from a loopback client is not believed (the
         # port proxy passes the real one on to services, which must not be told a forged one)

@@ -12,6 +12,7 @@ from typing import Any
 
 from durable.ports import Response
 from protocol.errors import ProtocolError
+from standalone.asgi_socket import AsgiSocket
 from worker.request import EdgeRequest
 
 log = logging.getLogger("flarebox.server")
@@ -88,6 +89,20 @@ def _headers(scope: dict) -> dict[str, str]:
     return headers
 
 
+def _edge_request(scope: dict, headers: dict[str, str], body: Any, method: str, socket: Any = None) -> EdgeRequest:
+    return EdgeRequest(
+        method=method,
+        # raw_path keeps percent-encoding so a `%` in a name reaches validation instead of being decoded
+        path=(scope.get("raw_path") or scope["path"].encode()).decode("latin-1"),
+        query=scope.get("query_string", b"").decode("latin-1"),
+        headers=headers,
+        body=body,
+        socket=socket,
+        client_ip=(scope.get("client") or ("",))[0] or "",
+        scheme=scope.get("scheme", "http"),
+    )
+
+
 class FlareboxApp:
     """The ASGI application. `edge` is a worker Edge; `on_shutdown` runs at ASGI lifespan shutdown."""
 
@@ -99,28 +114,39 @@ class FlareboxApp:
         if scope["type"] == "lifespan":
             await self._lifespan(receive, send)
             return
+        if scope["type"] == "websocket":
+            await self._websocket(scope, receive, send)
+            return
         if scope["type"] != "http":
-            return  # no websockets
+            return
         if sum(len(k) + len(v) for k, v in scope.get("headers", ())) > MAX_HEADER_BYTES:
             await self._send(Response.error(ProtocolError("headers_too_large")), AsgiBody(receive), receive, send)
             return
         headers = _headers(scope)
         body = AsgiBody(receive, "content-length" in headers or "transfer-encoding" in headers)
-        request = EdgeRequest(
-            method=scope["method"],
-            # raw_path keeps percent-encoding so a `%` in a name reaches validation instead of being decoded
-            path=(scope.get("raw_path") or scope["path"].encode()).decode("latin-1"),
-            query=scope.get("query_string", b"").decode("latin-1"),
-            headers=headers,
-            body=body,
-            client_ip=(scope.get("client") or ("",))[0] or "",
-            scheme=scope.get("scheme", "http"),
-        )
+        request = _edge_request(scope, headers, body, scope["method"])
         try:
             response = await self.edge.handle(request)
         except ConnectionResetError:
             return  # the client left while uploading; nobody to answer
         await self._send(response, body, receive, send)
+
+    async def _websocket(self, scope: dict, receive, send) -> None:
+        """A WebSocket (the terminal route): the edge authenticates and routes it like any GET; a workspace that
+        accepts it answers 101 and runs the session until a side closes. Anything else is refused over HTTP."""
+        socket = AsgiSocket(scope, receive, send)
+        if sum(len(k) + len(v) for k, v in scope.get("headers", ())) > MAX_HEADER_BYTES:
+            response = Response.error(ProtocolError("headers_too_large"))
+        else:
+            request = _edge_request(scope, _headers(scope), None, "GET", socket)
+            response = await self.edge.handle(request)
+        if response.status == 101 and socket.accepted:
+            await socket.closed.wait()
+            return
+        data = response.body if isinstance(response.body, bytes) else b""
+        headers = [(k.lower().encode("latin-1"), str(v).encode("latin-1")) for k, v in response.headers.items()]
+        headers.append((b"content-length", str(len(data)).encode()))
+        await socket.refuse(response.status, headers, data)
 
     async def _lifespan(self, receive, send) -> None:
         while True:

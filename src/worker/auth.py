@@ -1,5 +1,6 @@
 """The deployment token check. Runs before anything else on every route, so it touches neither body nor workspace."""
 
+import base64
 import hashlib
 import hmac
 
@@ -17,6 +18,30 @@ def bearer(authorization: str | None) -> str:
         scheme, _, credentials = authorization.strip().partition(" ")
         if scheme.lower() == "bearer":
             return credentials.strip()
+    return ""
+
+
+# A browser's WebSocket cannot send an Authorization header (and a token never goes in a URL), so a WebSocket
+# request may offer its credential as a subprotocol instead: `flarebox.bearer.<base64url of it, unpadded>`, beside
+# `flarebox` (the one the server selects, so the credential is never echoed).
+SUBPROTOCOL = "flarebox"
+_BEARER_SUBPROTOCOL = "flarebox.bearer."
+
+
+def credential(headers: dict[str, str], *, websocket: bool = False) -> str:
+    """The request's credential: the Authorization header's bearer; for a WebSocket without one, the bearer
+    subprotocol's ("" when there is none, or it is not valid base64url of UTF-8)."""
+    presented = bearer(headers.get("authorization"))
+    if presented or not websocket:
+        return presented
+    for offered in headers.get("sec-websocket-protocol", "").split(","):
+        offered = offered.strip()
+        if offered.startswith(_BEARER_SUBPROTOCOL):
+            encoded = offered[len(_BEARER_SUBPROTOCOL) :]
+            try:
+                return base64.urlsafe_b64decode(encoded + "=" * (-len(encoded) % 4)).decode("utf-8")
+            except (ValueError, UnicodeDecodeError):
+                return ""
     return ""
 
 

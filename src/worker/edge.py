@@ -22,10 +22,12 @@ from durable.settings import Settings
 from durable.timefmt import parse_iso_ms
 from protocol import PROTOCOL_VERSION, limits
 from protocol.errors import ProtocolError
+from protocol.files import MkdirRequest, MoveRequest
 from protocol.keys import parse_key_request, split_key, validate_key_id
+from protocol.pty import PtyRequest
 from protocol.validate import validate_name
 from worker import prepare
-from worker.auth import TokenCheck, bearer
+from worker.auth import TokenCheck, credential
 from worker.authorize import ADMIN, ADMIN_ONLY, Principal, allows, may_list, proxy_target
 from worker.prepare import NO_PARAMS, read_json
 from worker.query import parse_query
@@ -71,8 +73,8 @@ class Edge:
         try:
             if self._access is not None:
                 await self._access.check(req.headers)
-            principal = await self._principal(req.headers.get("authorization"))
-            route = match(req.method, req.path)
+            principal = await self._principal(credential(req.headers, websocket=req.socket is not None))
+            route = match(req.method, req.path, req.query)
             endpoint = route.endpoint
             if isinstance(endpoint, DeploymentEndpoint):
                 if endpoint.need is ADMIN_ONLY and not principal.admin:
@@ -98,9 +100,8 @@ class Edge:
 
     # --- credentials --------------------------------------------------------------------------------------------
 
-    async def _principal(self, authorization: str | None) -> Principal:
+    async def _principal(self, presented: str) -> Principal:
         self._auth.require_configured()
-        presented = bearer(authorization)
         if self._auth.is_token(presented):
             return ADMIN
         if split_key(presented) is None:  # refused here: garbage never loads the directory
@@ -410,6 +411,16 @@ def _detail_of(args: Any, token: str | None) -> dict[str, Any]:
         return {"snapshot": args.snapshot, "backup": args.backup, "discard_changes": args.discard_changes}
     if isinstance(args, ops.PutSecretArgs | ops.SecretArgs):
         return {"secret": args.name}  # the name only: a value is never recorded
+    if isinstance(args, ops.DeleteFileArgs):
+        return {"path": redact(args.path, token), "recursive": args.recursive}
+    if isinstance(args, MoveRequest):
+        return {"path": redact(args.source, token), "to": redact(args.target, token)}
+    if isinstance(args, MkdirRequest | ops.ArchiveArgs):
+        return {"path": redact(args.path, token)}
+    if isinstance(args, ops.SignalArgs):
+        return {"pid": args.pid, "signal": args.request.signal, "group": args.request.group}
+    if isinstance(args, PtyRequest):
+        return {"session": args.session}  # what is typed in a terminal is never recorded
     return {}
 
 
@@ -418,6 +429,8 @@ def _body_of(req: EdgeRequest, operation: ops.Operation) -> Any:
     a length), a file upload as is (its Content-Length was checked). A proxied request without a body (a plain
     GET: neither Content-Length nor Transfer-Encoding, RFC 9112 6.3; on Cloudflare a null body) gets None from the
     runtime's `stream_at_most`: it is forwarded with no body at all, never an empty chunked one."""
+    if operation.socket:
+        return req.socket
     if not operation.streams_body or req.body is None:
         return None
     if operation is ops.PROXY:

@@ -5,7 +5,9 @@ workspace is called; none reads a body its route does not take.
 """
 
 from durable.operations import (
+    ArchiveArgs,
     CancelArgs,
+    DeleteFileArgs,
     ExecArgs,
     ForkSource,
     ImportArgs,
@@ -21,13 +23,26 @@ from durable.operations import (
     SecretArgs,
     ServiceArgs,
     ServiceLogsArgs,
+    SignalArgs,
     SnapshotArgs,
+    StatArgs,
     WriteFileArgs,
 )
 from durable.settings import Settings
 from protocol import limits
 from protocol import proxy as proxy_policy
 from protocol.errors import ProtocolError
+from protocol.files import (
+    ListRequest,
+    MkdirRequest,
+    MoveRequest,
+    parse_list_query,
+    parse_mkdir_request,
+    parse_move_request,
+    parse_recursive,
+    parse_signal_request,
+)
+from protocol.pty import PtyRequest, parse_pty_query
 from protocol.services import parse_secret_value, parse_service
 from protocol.snapshots import parse_fork_source, parse_restore_request, parse_snapshot_patch, parse_snapshot_request
 from protocol.validate import (
@@ -153,13 +168,17 @@ async def import_(req: EdgeRequest, params: PathParams, settings: Settings) -> I
     """An archive upload: streamed to the supervisor, which verifies it as it extracts; its length is optional
     (a CLI pipes `zstd` output of unknown size) and bounded by the supervisor's MAX_IMPORT_BYTES."""
     parse_query(req.query, NO_PARAMS)
+    return ImportArgs(_archive_length(req))
+
+
+def _archive_length(req: EdgeRequest) -> int | None:
     try:
         length = content_length(req)
     except ValueError:
         raise ProtocolError("invalid_field", "malformed Content-Length") from None
     if length is not None and length > limits.MAX_IMPORT_BYTES:
-        raise ProtocolError("payload_too_large", f"imports are limited to {limits.MAX_IMPORT_BYTES} bytes")
-    return ImportArgs(length)
+        raise ProtocolError("payload_too_large", f"archives are limited to {limits.MAX_IMPORT_BYTES} bytes")
+    return length
 
 
 async def exec_(req: EdgeRequest, params: PathParams, settings: Settings) -> ExecArgs:
@@ -182,6 +201,58 @@ async def cancel(req: EdgeRequest, params: PathParams, settings: Settings) -> Ca
 async def read_file(req: EdgeRequest, params: PathParams, settings: Settings) -> ReadFileArgs:
     params = parse_query(req.query, frozenset({"path"}))
     return ReadFileArgs(_path_param(params))
+
+
+async def list_files(req: EdgeRequest, params: PathParams, settings: Settings) -> ListRequest:
+    query = parse_query(req.query, frozenset({"path", "list", "depth", "limit", "cursor"}))
+    if query.pop("list") not in ("1", "true"):
+        raise ProtocolError("invalid_query", "list is 1 (or true) to list a directory")
+    return parse_list_query(query)
+
+
+async def stat_file(req: EdgeRequest, params: PathParams, settings: Settings) -> StatArgs:
+    return StatArgs(_path_param(parse_query(req.query, frozenset({"path"}))))
+
+
+async def delete_file(req: EdgeRequest, params: PathParams, settings: Settings) -> DeleteFileArgs:
+    query = parse_query(req.query, frozenset({"path", "recursive"}))
+    return DeleteFileArgs(_path_param(query), parse_recursive(query.get("recursive")))
+
+
+async def move_file(req: EdgeRequest, params: PathParams, settings: Settings) -> MoveRequest:
+    parse_query(req.query, NO_PARAMS)
+    return parse_move_request(await read_json(req, empty_ok=False))
+
+
+async def make_dir(req: EdgeRequest, params: PathParams, settings: Settings) -> MkdirRequest:
+    parse_query(req.query, NO_PARAMS)
+    return parse_mkdir_request(await read_json(req, empty_ok=False))
+
+
+async def get_archive(req: EdgeRequest, params: PathParams, settings: Settings) -> ArchiveArgs:
+    return ArchiveArgs(_path_param(parse_query(req.query, frozenset({"path"}))))
+
+
+async def put_archive(req: EdgeRequest, params: PathParams, settings: Settings) -> ArchiveArgs:
+    """A directory's archive: streamed to the supervisor, which checks every member as it extracts; its length
+    is optional (`tar | zstd` has none) and bounded like an import's."""
+    path = _path_param(parse_query(req.query, frozenset({"path"})))
+    return ArchiveArgs(path, _archive_length(req))
+
+
+async def pty(req: EdgeRequest, params: PathParams, settings: Settings) -> PtyRequest:
+    request = parse_pty_query(parse_query(req.query, frozenset({"session", "cols", "rows"})))
+    if req.socket is None:
+        raise ProtocolError("websocket_required")
+    return request
+
+
+async def signal_process(req: EdgeRequest, params: PathParams, settings: Settings) -> SignalArgs:
+    parse_query(req.query, NO_PARAMS)
+    request = parse_signal_request(await read_json(req, empty_ok=False))
+    if params.pid is None:
+        raise ProtocolError("invalid_pid")
+    return SignalArgs(params.pid, request)
 
 
 async def write_file(req: EdgeRequest, params: PathParams, settings: Settings) -> WriteFileArgs:

@@ -31,3 +31,9 @@ def parse_query(raw: str, allowed: frozenset[str] | set[str]) -> dict[str, str]:
             raise ProtocolError("invalid_query", f"query parameter {key!r} is repeated")
         params[key] = value
     return params
+
+
+def names_parameter(raw: str, name: str) -> bool:
+    """Whether a raw query has a parameter called `name` (an ASCII name, never percent-encoded), whatever else it
+    holds: it picks the route's endpoint, whose own parse_query then checks the whole query."""
+    return any(item.partition("=")[0] == name for item in raw.split("&"))

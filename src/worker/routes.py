@@ -11,11 +11,13 @@ from typing import Any
 from durable import operations as ops
 from durable.settings import Settings
 from protocol.errors import ProtocolError
+from protocol.files import validate_pid
 from protocol.services import parse_port_segment, validate_secret_name, validate_service_name
 from protocol.snapshots import validate_snapshot_id
 from protocol.validate import validate_name, validate_request_id
 from worker import prepare
 from worker.authorize import ADMIN_ONLY, ANY_SCOPE
+from worker.query import names_parameter
 from worker.request import EdgeRequest, PathParams
 
 # (request, the path's parameters, settings) -> the operation's typed arguments
@@ -31,6 +33,8 @@ class Endpoint:
     prepare: Prepare
     need: str
     audited: bool = False
+    # (a query parameter, the endpoint that answers instead when the query names it): GET …/files?list=1
+    switch: tuple[str, "Endpoint"] | None = None
 
 
 # Methods the port proxy forwards (CONNECT and TRACE are not HTTP a service answers through a proxy).
@@ -38,8 +42,8 @@ PROXY_METHODS = ("GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS")
 _PROXY = Endpoint(ops.PROXY, prepare.proxy, "proxy")
 
 # Workspace sub-routes: segments after /v1/workspaces/{ns}/{ws} → {method: endpoint}. Placeholders: `{id}` a request
-# id, `{service}` a service name, `{secret}` a secret name, `{snapshot}` a snapshot id; the port proxy
-# (…/ports/{port}/{path…}) is matched apart.
+# id, `{service}` a service name, `{secret}` a secret name, `{snapshot}` a snapshot id, `{pid}` a process id; the
+# port proxy (…/ports/{port}/{path…}) is matched apart.
 WORKSPACE_ROUTES: dict[tuple[str, ...], dict[str, Endpoint]] = {
     (): {
         "GET": Endpoint(ops.GET, prepare.no_args, ANY_SCOPE),
@@ -50,8 +54,27 @@ WORKSPACE_ROUTES: dict[tuple[str, ...], dict[str, Endpoint]] = {
     ("exec", "{id}"): {"GET": Endpoint(ops.REATTACH, prepare.reattach, "exec")},
     ("exec", "{id}", "cancel"): {"POST": Endpoint(ops.CANCEL, prepare.cancel, "exec", audited=True)},
     ("files",): {
-        "GET": Endpoint(ops.READ_FILE, prepare.read_file, "files"),
+        "GET": Endpoint(
+            ops.READ_FILE,
+            prepare.read_file,
+            "files",
+            switch=("list", Endpoint(ops.LIST_FILES, prepare.list_files, "files")),
+        ),
         "PUT": Endpoint(ops.WRITE_FILE, prepare.write_file, "files", audited=True),
+        "DELETE": Endpoint(ops.DELETE_FILE, prepare.delete_file, "files", audited=True),
+    },
+    ("files", "stat"): {"GET": Endpoint(ops.STAT_FILE, prepare.stat_file, "files")},
+    ("files", "move"): {"POST": Endpoint(ops.MOVE_FILE, prepare.move_file, "files", audited=True)},
+    ("files", "mkdir"): {"POST": Endpoint(ops.MAKE_DIR, prepare.make_dir, "files", audited=True)},
+    ("files", "archive"): {
+        "GET": Endpoint(ops.GET_ARCHIVE, prepare.get_archive, "files"),
+        "PUT": Endpoint(ops.PUT_ARCHIVE, prepare.put_archive, "files", audited=True),
+    },
+    # a terminal runs what it is typed, and seeing and signalling what runs is the exec scope's too
+    ("pty",): {"GET": Endpoint(ops.PTY, prepare.pty, "exec", audited=True)},
+    ("processes",): {"GET": Endpoint(ops.PROCESSES, prepare.no_args, "exec")},
+    ("processes", "{pid}", "signal"): {
+        "POST": Endpoint(ops.SIGNAL_PROCESS, prepare.signal_process, "exec", audited=True)
     },
     ("snapshot",): {"POST": Endpoint(ops.SNAPSHOT, prepare.snapshot, "snapshots", audited=True)},
     ("snapshots",): {"GET": Endpoint(ops.SNAPSHOTS, prepare.no_args, "snapshots")},
@@ -122,7 +145,7 @@ class MethodNotAllowed(ProtocolError):
         super().__init__("method_not_allowed", f"allowed methods: {self.allow}")
 
 
-_PLACEHOLDERS = ("{id}", "{key}", "{service}", "{secret}", "{snapshot}")
+_PLACEHOLDERS = ("{id}", "{key}", "{service}", "{secret}", "{snapshot}", "{pid}")
 
 
 def _shape_matches(template: tuple[str, ...], rest: list[str]) -> bool:
@@ -160,10 +183,10 @@ def is_proxied(path: str) -> bool:
     return len(parts) >= 6 and parts[1:3] == ["v1", "workspaces"] and parts[5] == "ports"
 
 
-def match(method: str, path: str) -> Route:
-    """Resolve (method, raw path) to a Route, raising not_found, method_not_allowed, then the path's own
-    validation (invalid_name, invalid_request_id, invalid_port) — in that order, so a bad name on an unknown route
-    is still a 404."""
+def match(method: str, path: str, query: str = "") -> Route:
+    """Resolve (method, raw path, raw query) to a Route, raising not_found, method_not_allowed, then the path's
+    own validation (invalid_name, invalid_request_id, invalid_port, invalid_pid) — in that order, so a bad name on
+    an unknown route is still a 404."""
     if not path.startswith("/"):
         raise ProtocolError("not_found")
     parts = path[1:].split("/")
@@ -188,6 +211,8 @@ def match(method: str, path: str) -> Route:
     if template is None:
         raise ProtocolError("not_found")
     endpoint = _methods(WORKSPACE_ROUTES, template, method)
+    if endpoint.switch is not None and names_parameter(query, endpoint.switch[0]):
+        endpoint = endpoint.switch[1]
     validate_name(ns, "namespace")
     validate_name(ws, "workspace")
     values = dict(zip(template, rest))  # noqa: B905 - same length (matched)
@@ -199,4 +224,5 @@ def match(method: str, path: str) -> Route:
     elif "{snapshot}" in values:
         name = validate_snapshot_id(values["{snapshot}"])
     request_id = validate_request_id(values["{id}"]) if "{id}" in values else None
-    return Route(endpoint, ns, ws, PathParams(request_id=request_id, name=name))
+    pid = validate_pid(values["{pid}"]) if "{pid}" in values else None
+    return Route(endpoint, ns, ws, PathParams(request_id=request_id, name=name, pid=pid))

@@ -11,7 +11,10 @@
 // process of that container listens on — found in /proc: a listening socket held by a process of the sandbox's
 // tree, which shares the host's network when enableInternet is true (a service on 127.0.0.1:<port> is on the host's
 // loopback, so tests pick free ports). Any other port rejects, as workerd does; with enableInternet false the
-// harness cannot reach a service's port at all and says so. Container snapshots expire as on Cloudflare: 30 days after
+// harness cannot reach a service's port at all and says so. WebSockets as workerd has them (see "WebSockets"
+// below): a global WebSocketPair, a Response that carries status 101 with a webSocket, clients' upgrade requests
+// answered by the Worker, upgrades through a Durable Object stub, and getTcpPort(port).fetch with
+// `Upgrade: websocket` to the supervisor (the `ws` package on its unix socket). Container snapshots expire as on Cloudflare: 30 days after
 // they were made or last restored, a restore fails — after start() returned, the container never comes up.
 //
 // The platform's rules it keeps, as strict as Cloudflare where the rule is known (issue 16; the constants below,
@@ -39,6 +42,7 @@ import path from "node:path";
 import { Readable } from "node:stream";
 import { DatabaseSync } from "node:sqlite";
 import { loadPyodide } from "pyodide";
+import { WebSocket as NodeWebSocket, WebSocketServer } from "ws";
 
 const ROOT = path.resolve(process.env.HARNESS_ROOT);
 const STATE = path.resolve(process.env.HARNESS_STATE);
@@ -143,6 +147,397 @@ class FixedLengthStream extends TransformStream {
   }
 }
 globalThis.FixedLengthStream = FixedLengthStream;
+
+// ---------------------------------------------------------------------------------------------------------------
+// WebSockets, as workerd has them (workerd 2026-11-17 at this compatibility date, each rule checked on the binary):
+//   * WebSocketPair: two linked ends ({0, 1}). An end the code holds must be accept()ed before it sends or closes
+//     ("You must call one of accept() …"); what reaches it before that waits, and is dispatched after accept(),
+//     asynchronously and in order: "message" (data a string, or for a binary message a Blob — ArrayBuffer only
+//     with binaryType "arraybuffer", the standard default since websocket_standard_binary_type), "close" (code,
+//     reason, wasClean). A close is answered automatically, so after the peer's close send() throws as after one's
+//     own ("Can't call WebSocket send() after close()."); a second close() is ignored; close codes and reasons are
+//     checked (1000–4999 but 1004/1005/1006/1015, a reason needs a code, at most 123 bytes of UTF-8). A peer that
+//     goes away without a close gives "close" 1006 (wasClean false).
+//   * Response: status 101 only with a webSocket, and a webSocket only with status 101 and no body. Returning it
+//     couples the end to whatever the response goes to; an end already accept()ed or already returned cannot be
+//     ("Can't return WebSocket in a Response after calling accept()." / "… already used in a response."), nor an end
+//     of a response to a request without `Upgrade: websocket`.
+//   * A stub fetch with `Upgrade: websocket` reaches the object as a GET without a body, whatever its method; the
+//     object's 101 comes back with a webSocket of its own (coupled to the object's end), and keeps the object's
+//     request in flight — the object in memory — until the socket is closed (an accepted, non-hibernatable socket).
+//     A reset of the object (deploy, eviction) cuts it: both sides see 1006.
+//   * A client's upgrade request (node's "upgrade" event) is answered by the Worker: a 101 with a webSocket
+//     completes the handshake (the ws package, with the Worker's Sec-WebSocket-Protocol and other headers), any
+//     other answer is written as plain HTTP and the connection closed. getTcpPort(port).fetch with
+//     `Upgrade: websocket` opens a WebSocket to the container (the ws package, over the supervisor's unix socket)
+//     and answers a 101 whose webSocket must be accepted — or, when the upgrade is refused, the refusal as an
+//     ordinary Response (status, headers, body).
+//   * A message the runtime receives over the network is at most WS_MAX_MESSAGE_BYTES (1 MiB): a larger one closes
+//     the connection with 1009. No compression is negotiated.
+
+const WS_MAX_MESSAGE_BYTES = 1024 * 1024;
+const WS_GONE = "WebSocket disconnected without sending Close frame.";
+
+const isUpgrade = (headers) => (headers.get("upgrade") ?? "").split(",").some((t) => t.trim().toLowerCase() === "websocket");
+
+class WorkersMessageEvent extends Event {
+  constructor(data) {
+    super("message");
+    this.data = data;
+  }
+}
+class WorkersCloseEvent extends Event {
+  constructor(code, reason, wasClean) {
+    super("close");
+    this.code = code;
+    this.reason = reason;
+    this.wasClean = wasClean;
+  }
+}
+
+// The bytes of what send() was given, copied now (the caller may reuse its buffer); anything else becomes a string,
+// as workerd converts it.
+function messageData(data) {
+  if (typeof data === "string") return data;
+  if (data instanceof ArrayBuffer) return new Uint8Array(data.slice(0));
+  if (ArrayBuffer.isView(data)) return new Uint8Array(data.buffer.slice(data.byteOffset, data.byteOffset + data.byteLength));
+  return String(data);
+}
+
+function closeCheck(code, reason) {
+  if (code !== undefined) {
+    const c = Number(code);
+    if (!Number.isInteger(c) || c < 1000 || c >= 5000 || [1004, 1005, 1006, 1015].includes(c)) {
+      throw new DOMException(`Invalid WebSocket close code: ${code}.`, "InvalidAccessError");
+    }
+  }
+  if (reason !== undefined && code === undefined) {
+    throw new DOMException("If you specify a WebSocket close reason, you must also specify a code.", "InvalidAccessError");
+  }
+  if (reason !== undefined && Buffer.byteLength(String(reason)) > 123) {
+    throw new DOMException("WebSocket close reason must not be longer than 123 bytes when UTF-8 encoded.", "SyntaxError");
+  }
+}
+
+// One end. Its events: { type: "message", data } | { type: "close", code, reason } | { type: "abort" } (the
+// peer went away without a close).
+class WebSocket {
+  #peer = null;
+  #state = "pending"; // pending (awaiting acceptance or coupling) | accepted | coupled (returned in a response)
+  #inbox = [];
+  #draining = false;
+  #listeners = new Map();
+  #sink = null; // a coupled end's events go here
+  #closedOutgoing = false;
+  #closedIncoming = false;
+  #aborted = false;
+  #binaryType = "blob";
+
+  static pair() {
+    const a = new WebSocket();
+    const b = new WebSocket();
+    a.#peer = b;
+    b.#peer = a;
+    return [a, b];
+  }
+
+  get readyState() {
+    if (this.#closedIncoming && this.#closedOutgoing) return 3;
+    return this.#closedIncoming || this.#closedOutgoing ? 2 : 1;
+  }
+  get binaryType() {
+    return this.#binaryType;
+  }
+  set binaryType(value) {
+    if (value === "blob" || value === "arraybuffer") this.#binaryType = value; // anything else is ignored
+  }
+  // the runtime's view (no property of workerd's): accepted by the code, or returned in a response
+  get accepted() {
+    return this.#state === "accepted";
+  }
+  get coupled() {
+    return this.#state === "coupled";
+  }
+
+  addEventListener(type, listener) {
+    if (!this.#listeners.has(type)) this.#listeners.set(type, new Set());
+    this.#listeners.get(type).add(listener);
+  }
+  removeEventListener(type, listener) {
+    this.#listeners.get(type)?.delete(listener);
+  }
+
+  accept() {
+    if (this.#state === "coupled") throw new TypeError("Can't accept() WebSocket that was already used in a response.");
+    if (this.#state === "accepted") return;
+    this.#state = "accepted";
+    this.#schedule();
+  }
+
+  send(data) {
+    if (this.#closedOutgoing) throw new TypeError("Can't call WebSocket send() after close().");
+    if (this.#aborted) return; // the peer is gone: ignored, as workerd does
+    if (this.#state !== "accepted") {
+      throw new TypeError("You must call one of accept() or state.acceptWebSocket() on this WebSocket before sending messages.");
+    }
+    this.#transmit({ type: "message", data: messageData(data) });
+  }
+
+  close(code, reason) {
+    if (this.#closedOutgoing || this.#aborted) return; // a second close is ignored
+    if (this.#state !== "accepted") {
+      throw new TypeError("You must call one of accept() or state.acceptWebSocket() on this WebSocket before sending messages.");
+    }
+    closeCheck(code, reason);
+    this.#closedOutgoing = true;
+    this.#transmit({ type: "close", code: code === undefined ? 1005 : Number(code), reason: reason === undefined ? "" : String(reason) });
+  }
+
+  // The runtime's side: what this end sends without the code's checks (a coupled end relays), and taking an end
+  // over when it is returned in a response.
+  transmit(event) {
+    this.#transmit(event);
+  }
+  couple(sink) {
+    if (this.#state === "accepted") throw new TypeError("Can't return WebSocket in a Response after calling accept().");
+    if (this.#state === "coupled") throw new TypeError("Can't return WebSocket that was already used in a response.");
+    this.#state = "coupled";
+    this.#sink = sink;
+    for (const event of this.#inbox.splice(0)) sink(event);
+  }
+
+  #transmit(event) {
+    this.#peer?.#deliver(event);
+  }
+
+  #deliver(event) {
+    if (this.#state === "coupled") {
+      this.#sink(event);
+      return;
+    }
+    this.#inbox.push(event);
+    if (this.#state === "accepted") this.#schedule();
+  }
+
+  #schedule() {
+    if (this.#draining || this.#inbox.length === 0) return;
+    this.#draining = true;
+    setImmediate(() => {
+      this.#draining = false;
+      for (const event of this.#inbox.splice(0)) this.#dispatch(event);
+    });
+  }
+
+  #dispatch(event) {
+    if (this.#closedIncoming) return;
+    if (event.type === "message") {
+      const { data } = event;
+      const value = typeof data === "string" ? data
+        : this.#binaryType === "arraybuffer" ? data.buffer.slice(data.byteOffset, data.byteOffset + data.byteLength)
+        : new Blob([data]);
+      this.#fire(new WorkersMessageEvent(value));
+      return;
+    }
+    this.#closedIncoming = true;
+    if (event.type === "abort") {
+      this.#aborted = true;
+      this.#fire(new WorkersCloseEvent(1006, WS_GONE, false));
+      return;
+    }
+    if (!this.#closedOutgoing) {
+      // the close is answered at once (web_socket_auto_reply_to_close): from now on send() throws
+      this.#closedOutgoing = true;
+      this.#transmit({ type: "close", code: event.code, reason: event.reason });
+    }
+    this.#fire(new WorkersCloseEvent(event.code, event.reason, true));
+  }
+
+  #fire(event) {
+    const handler = this[`on${event.type}`];
+    const listeners = [...(this.#listeners.get(event.type) ?? []), ...(typeof handler === "function" ? [handler] : [])];
+    for (const listener of listeners) {
+      try {
+        if (typeof listener === "function") listener.call(this, event);
+        else listener.handleEvent(event);
+      } catch (err) {
+        console.error(`harness: a WebSocket ${event.type} listener threw:`, String(err).split("\n")[0]);
+      }
+    }
+  }
+}
+
+class WebSocketPair {
+  constructor() {
+    const [a, b] = WebSocket.pair();
+    this[0] = a;
+    this[1] = b;
+  }
+}
+globalThis.WebSocketPair = WebSocketPair;
+
+// The fake's own WebSocket rules, each case run on fresh pairs: its error ("<name>: <message>"), or its value
+// (GET /__harness/wsprobe). tests/cloudflare/test_terminals_under_pyodide.py holds them against what workerd
+// 2026-11-17 answered to the same cases.
+async function wsProbe() {
+  const out = {};
+  const ends = () => Object.values(new WebSocketPair());
+  const run = (name, fn) => {
+    try {
+      out[name] = String(fn());
+    } catch (err) {
+      out[name] = `${err.name}: ${err.message}`;
+    }
+  };
+  run("status101NoWs", () => new Response(null, { status: 101 }).status);
+  run("ws200", () => new Response(null, { status: 200, webSocket: ends()[0] }).status);
+  run("ws101Body", () => new Response("x", { status: 101, webSocket: ends()[0] }).status);
+  run("sendBeforeAccept", () => ends()[0].send("x") ?? "ok");
+  run("closeBeforeAccept", () => ends()[0].close(1000) ?? "ok");
+  const accepted = () => {
+    const [end] = ends();
+    end.accept();
+    return end;
+  };
+  run("close1006", () => accepted().close(1006) ?? "ok");
+  run("closeReasonNoCode", () => accepted().close(undefined, "x") ?? "ok");
+  run("closeLongReason", () => accepted().close(1000, "x".repeat(124)) ?? "ok");
+  run("sendAfterClose", () => {
+    const end = accepted();
+    end.close(1000);
+    return end.send("x") ?? "ok";
+  });
+  run("doubleClose", () => {
+    const end = accepted();
+    end.close(1000);
+    return end.close(1000) ?? "ok";
+  });
+  run("binaryTypeBad", () => {
+    const [end] = ends();
+    end.binaryType = "nope";
+    return end.binaryType;
+  });
+  run("pairKeys", () => Object.keys(new WebSocketPair()).join(","));
+  const [a, b] = ends();
+  const seen = [];
+  const closed = new Promise((resolve) => {
+    b.addEventListener("message", (e) => seen.push(typeof e.data === "string" ? "str" : e.data.constructor.name));
+    b.addEventListener("close", (e) => {
+      seen.push(`close ${e.code} ${e.reason} ${e.wasClean}`);
+      resolve();
+    });
+  });
+  a.accept();
+  a.send("s");
+  a.send(new Uint8Array([1]));
+  a.send(new Uint8Array([1]).buffer);
+  a.close(4001, "r");
+  b.accept(); // what came before is dispatched now, in order
+  await closed;
+  out.pair = seen.join(" | ");
+  run("sendAfterPeerClose", () => b.send("x") ?? "ok");
+  run("closeAfterPeerClose", () => b.close(1000, "x") ?? "ok");
+  const [c, d] = ends();
+  const types = [];
+  const got = new Promise((resolve) => d.addEventListener("message", (e) => resolve(types.push(e.data.constructor.name))));
+  d.binaryType = "arraybuffer";
+  d.accept();
+  c.accept();
+  c.send(new Uint8Array([1, 2]));
+  await got;
+  out.arraybuffer = types.join(",");
+  return out;
+}
+
+// Join two ends a response handed over (a stub's hop, the object's end to the socket the caller gets): each one's
+// events are sent on by the other. `closed` settles once a close went both ways, or the connection broke; abort()
+// breaks it (both sides see 1006).
+function coupleEnds(a, b) {
+  let resolve;
+  const closed = new Promise((r) => (resolve = r));
+  const closes = new Set();
+  const watch = (from, to) => (event) => {
+    to.transmit(event);
+    if (event.type === "abort") resolve();
+    if (event.type === "close") closes.add(from);
+    if (closes.size === 2) resolve();
+  };
+  a.couple(watch(a, b));
+  b.couple(watch(b, a));
+  return {
+    closed,
+    abort() {
+      a.transmit({ type: "abort" });
+      b.transmit({ type: "abort" });
+      resolve();
+    },
+  };
+}
+
+// An end the runtime takes over for a real connection (the `ws` package's socket: a client's, or the container's):
+// frames both ways; `onClosed` once the connection is closed.
+function coupleNetwork(end, conn, onClosed = () => {}) {
+  end.couple((event) => {
+    if (event.type === "message") {
+      conn.send(typeof event.data === "string" ? event.data : Buffer.from(event.data), { binary: typeof event.data !== "string" });
+    } else if (event.type === "close") {
+      try {
+        if (event.code === 1005) conn.close();
+        else conn.close(event.code, event.reason);
+      } catch (err) { // a code the ws package does not send (1016-2999)
+        console.error("harness: could not relay a WebSocket close:", err.message);
+        conn.terminate();
+      }
+    } else {
+      conn.terminate();
+    }
+  });
+  conn.on("message", (data, isBinary) => {
+    const bytes = Array.isArray(data) ? Buffer.concat(data) : Buffer.from(data);
+    end.transmit(isBinary ? { type: "message", data: new Uint8Array(bytes) } : { type: "message", data: bytes.toString("utf8") });
+  });
+  conn.on("close", (code, reason) => {
+    end.transmit(code === 1006 ? { type: "abort" } : { type: "close", code, reason: reason.toString("utf8") });
+    onClosed(code);
+  });
+  conn.on("error", (err) => console.error("harness: a WebSocket connection failed:", err.message));
+}
+
+// workerd's Response: node's, plus status 101 with a webSocket (node refuses 101 outright).
+const NodeResponse = globalThis.Response;
+const responseSockets = new WeakMap();
+class Response extends NodeResponse {
+  constructor(body, init) {
+    const webSocket = init?.webSocket ?? null;
+    if (webSocket === null) {
+      if (Number(init?.status) === 101) {
+        throw new RangeError("Responses may only be constructed with status codes in the range 200 to 599, inclusive.");
+      }
+      super(body, init);
+      return;
+    }
+    if (!(webSocket instanceof WebSocket)) throw new TypeError("Response's webSocket must be a WebSocket");
+    if (Number(init.status) !== 101) throw new RangeError("Responses with a WebSocket must have status code 101.");
+    if (body !== null && body !== undefined) {
+      throw new TypeError("Response with null body status (101, 204, 205, or 304) cannot have a body.");
+    }
+    const { webSocket: _socket, status: _status, ...rest } = init;
+    super(null, { ...rest, status: 200 });
+    responseSockets.set(this, webSocket);
+  }
+  get status() {
+    return responseSockets.has(this) ? 101 : super.status;
+  }
+  get ok() {
+    return responseSockets.has(this) ? false : super.ok;
+  }
+  get statusText() {
+    return responseSockets.has(this) ? "Switching Protocols" : super.statusText;
+  }
+  get webSocket() {
+    return responseSockets.get(this) ?? null;
+  }
+}
+globalThis.Response = Response;
 
 // ---------------------------------------------------------------------------------------------------------------
 // Storage: ctx.storage (class names matter: the SDK wraps only a "DurableObjectStorage").
@@ -327,6 +722,9 @@ class Container {
       failure,
     });
     this.state = "starting";
+    // a new container's inactivity counts from its start (not from the last activity of the one before it, which a
+    // clock advanced by a test may put days back: its inactivity stop would fire before the supervisor is up)
+    this.lastActivity = Date.now();
     this.sharedNet = o.enableInternet;
     this.dir = fs.mkdtempSync(path.join(STATE, "c-"));
     fs.mkdirSync(path.join(this.dir, "run"));
@@ -511,6 +909,7 @@ class Container {
   async portFetch(port, input, init) {
     const length = lengthOf(sourceBody(input, init));
     const request = new Request(input, init);
+    if (isUpgrade(request.headers)) return await this.portUpgrade(Number(port), request);
     const url = new URL(request.url);
     const framing = !request.body ? "none" : length === null ? "chunked" : "length";
     record("container.getTcpPort.fetch", this.object.name, {
@@ -555,6 +954,77 @@ class Container {
     });
   }
 }
+
+// getTcpPort(port).fetch with `Upgrade: websocket` (see "WebSockets" above): a WebSocket to what listens on the
+// port (the supervisor's unix socket for 8080), with the `ws` package. Its 101 carries a webSocket the code must
+// accept; a refused upgrade is the upstream's answer as it came. The container counts as in use (inflight) while the
+// socket is open.
+Container.prototype.portUpgrade = async function portUpgrade(port, request) {
+  const url = new URL(request.url);
+  record("container.getTcpPort.fetch", this.object.name, {
+    port, method: request.method, path: url.pathname, framing: "none", length: null, upgrade: true,
+  });
+  const target = this.target(port);
+  if (!target) throw new Error(`The container is not listening in the TCP address 10.0.0.1:${port}`);
+  const address = target.socketPath
+    ? `ws+unix://${target.socketPath}:${url.pathname}${url.search}`
+    : `ws://${target.host.includes(":") ? `[${target.host}]` : target.host}:${port}${url.pathname}${url.search}`;
+  const headers = {};
+  for (const [k, v] of request.headers) {
+    if (!["upgrade", "connection", "host"].includes(k) && !k.startsWith("sec-websocket-")) headers[k] = v;
+  }
+  this.inflight++;
+  this.lastActivity = Date.now();
+  let finished = false;
+  const done = () => {
+    if (finished) return;
+    finished = true;
+    this.inflight--;
+    this.lastActivity = Date.now();
+  };
+  return await new Promise((resolve, reject) => {
+    const conn = new NodeWebSocket(address, { headers, perMessageDeflate: false, maxPayload: WS_MAX_MESSAGE_BYTES });
+    let settled = false;
+    const answered = new Headers();
+    conn.on("upgrade", (res) => {
+      for (let i = 0; i < res.rawHeaders.length; i += 2) answered.append(res.rawHeaders[i], res.rawHeaders[i + 1]);
+    });
+    conn.on("unexpected-response", (req, res) => {
+      settled = true;
+      record("container.websocket.refused", this.object.name, { path: url.pathname, status: res.statusCode });
+      const out = new Headers();
+      for (let i = 0; i < res.rawHeaders.length; i += 2) out.append(res.rawHeaders[i], res.rawHeaders[i + 1]);
+      res.on("close", () => {
+        done();
+        req.destroy();
+      });
+      resolve(new Response([204, 304].includes(res.statusCode) ? null : Readable.toWeb(res), { status: res.statusCode, headers: out }));
+    });
+    conn.on("open", () => {
+      settled = true;
+      record("container.websocket.open", this.object.name, { path: url.pathname });
+      const [runtime, handed] = WebSocket.pair();
+      coupleNetwork(runtime, conn, (code) => {
+        record("container.websocket.closed", this.object.name, { path: url.pathname, code });
+        done();
+      });
+      resolve(new Response(null, { status: 101, webSocket: handed, headers: answered }));
+    });
+    conn.on("error", (err) => {
+      if (settled) return; // once open, its close follows
+      settled = true;
+      done();
+      reject(new Error(`Network connection lost: ${err.message}`));
+    });
+    request.signal?.addEventListener("abort", () => {
+      if (settled) return;
+      settled = true;
+      conn.terminate();
+      done();
+      reject(new Error("The operation was aborted"));
+    });
+  });
+};
 
 // The listening TCP sockets on `port` in this (the host's) network namespace: inode -> the address to connect to.
 function listeningSockets(port) {
@@ -754,8 +1224,10 @@ class DurableObject {
   // A request to the object. Its response counts as in flight until its last byte; a reset cuts it midway (the
   // client's read fails), and one still waiting for its response fails with the reset's error.
   async fetch(request) {
+    const upgrade = isUpgrade(request.headers);
     record("object.fetch", this.name, {
       binding: this.kind.binding, path: new URL(request.url).pathname, bodyLength: lengthOf(request.body),
+      ...(upgrade ? { upgrade: true } : {}),
     });
     const end = this.begin();
     const flight = {};
@@ -777,6 +1249,7 @@ class DurableObject {
       finish();
       throw err;
     }
+    if (response.webSocket) return this.passSocket(request, response, flight, finish, upgrade);
     if (!response.body) {
       finish();
       return response;
@@ -787,6 +1260,36 @@ class DurableObject {
     return new Response(relay.readable, { status: response.status, headers: response.headers });
   }
 }
+
+// The object answered 101 with a webSocket: the caller gets a socket of its own, coupled to the object's end. The
+// request stays in flight (the object busy, in memory) until the socket is closed; a reset of the object cuts it.
+DurableObject.prototype.passSocket = function passSocket(request, response, flight, finish, upgrade) {
+  const path = new URL(request.url).pathname;
+  let link;
+  let handed;
+  try {
+    if (!upgrade) {
+      throw new TypeError("Worker tried to return a WebSocket in a response to a request which did not contain the "
+        + "header \"Upgrade: websocket\".");
+    }
+    let hop;
+    [handed, hop] = WebSocket.pair();
+    link = coupleEnds(response.webSocket, hop);
+  } catch (err) {
+    finish();
+    throw err;
+  }
+  record("object.websocket", this.name, { path });
+  flight.cut = (err) => {
+    flight.reject(err);
+    link.abort();
+  };
+  link.closed.then(() => {
+    record("object.websocket.closed", this.name, { path });
+    finish();
+  });
+  return new Response(null, { status: 101, webSocket: handed, headers: response.headers });
+};
 
 class DurableObjectNamespace {
   constructor(kind) {
@@ -819,7 +1322,13 @@ class DurableObjectNamespace {
           return new Response(body, { status: canned.status, headers: { "content-type": canned.contentType } });
         }
         const length = lengthOf(sourceBody(input, init));
-        return object.fetch(keepLength(length, new Request(input, init?.body ? { ...init, duplex: "half" } : init)));
+        const request = new Request(input, init?.body ? { ...init, duplex: "half" } : init);
+        if (isUpgrade(request.headers)) {
+          // an upgrade reaches the object as a GET without a body, whatever the caller's method (workerd's openWebSocket)
+          request.body?.cancel().catch(() => {});
+          return object.fetch(new Request(request.url, { method: "GET", headers: request.headers, signal: request.signal }));
+        }
+        return object.fetch(keepLength(length, request));
       },
     };
   }
@@ -1476,6 +1985,7 @@ s.SILENCE_SECONDS = ${value}`);
     });
   }
   if (url.pathname === "/__harness/r2probe") return json(await r2Probe());
+  if (url.pathname === "/__harness/wsprobe") return json(await wsProbe());
   if (url.pathname === "/__harness/advance") {
     // Move time forward and deliver every alarm that is now due, answering once their handlers finished.
     // Idle objects are evicted first, as time passing would have (a due alarm then wakes a fresh instance).
@@ -1498,7 +2008,7 @@ s.SILENCE_SECONDS = ${value}`);
       startOptions: START_OPTIONS, instanceTypes: [...INSTANCE_TYPES], snapshotRestoreFields: SNAPSHOT_RESTORE_FIELDS,
       alarmMaxRetries: ALARM_MAX_RETRIES, alarmFirstBackoffMs: ALARM_FIRST_BACKOFF_MS,
       monitorKeepaliveMs: MONITOR_KEEPALIVE_MS, idleEvictionMs: IDLE_EVICTION_MS, deployGraceMs: DEPLOY_GRACE_MS,
-      planBodyBytes: PLAN_BODY_BYTES,
+      planBodyBytes: PLAN_BODY_BYTES, webSocketMaxMessageBytes: WS_MAX_MESSAGE_BYTES,
       silenceSeconds: py.runPython("import cloudflare.streams as s; s.SILENCE_SECONDS"), // the glue's, as it is now
     });
   }
@@ -1557,6 +2067,15 @@ function atMost(limit) {
   });
 }
 
+// The Worker's view of a client's request headers: as sent, CF-Connecting-IP set (as Cloudflare: the client's,
+// replacing a sent one).
+function clientHeaders(req) {
+  const headers = new Headers();
+  for (let i = 0; i < req.rawHeaders.length; i += 2) headers.append(req.rawHeaders[i], req.rawHeaders[i + 1]);
+  headers.set("cf-connecting-ip", req.socket.remoteAddress);
+  return headers;
+}
+
 async function worker(request) {
   const entry = python.entry.Default({ waitUntil: (p) => Promise.resolve(p).catch(() => {}), passThroughOnException() {} }, env);
   const response = await entry.fetch(python.Request(request));
@@ -1580,9 +2099,7 @@ const server = http.createServer(async (req, res) => {
         res.end("<html><head><title>413 Request Entity Too Large</title></head><body>cloudflare</body></html>");
         return;
       }
-      const headers = new Headers();
-      for (let i = 0; i < req.rawHeaders.length; i += 2) headers.append(req.rawHeaders[i], req.rawHeaders[i + 1]);
-      headers.set("cf-connecting-ip", req.socket.remoteAddress); // as Cloudflare: the client's, replacing a sent one
+      const headers = clientHeaders(req);
       const hasBody = !["GET", "HEAD"].includes(req.method);
       let body = hasBody ? Readable.toWeb(req) : undefined;
       if (hasBody && declared === null) body = body.pipeThrough(atMost(knobs.planBodyBytes));
@@ -1599,6 +2116,11 @@ const server = http.createServer(async (req, res) => {
     }
   } catch (err) {
     console.error("harness: the Worker threw:", err);
+    response = new Response("internal error", { status: 500 });
+  }
+  if (response.webSocket) { // only an upgrade request may be answered with a socket (this one has no Upgrade)
+    console.error("harness: the Worker threw: TypeError: Worker tried to return a WebSocket in a response to a request "
+      + "which did not contain the header \"Upgrade: websocket\".");
     response = new Response("internal error", { status: 500 });
   }
   const headers = [];
@@ -1618,6 +2140,68 @@ const server = http.createServer(async (req, res) => {
   } catch (err) {
     res.destroy(err);
   }
+});
+
+// A client's upgrade request (see "WebSockets" above): the Worker answers it like any request. Its 101 with a
+// webSocket completes the handshake, with the Worker's Sec-WebSocket-Protocol (the ws package checks that the client
+// offered it) and its other headers; any other answer is written as plain HTTP and the connection closed.
+const clientSockets = new WebSocketServer({
+  noServer: true,
+  perMessageDeflate: false,
+  maxPayload: WS_MAX_MESSAGE_BYTES,
+  handleProtocols: (_offered, req) => req.flareboxProtocol ?? false,
+});
+clientSockets.on("headers", (lines, req) => lines.push(...(req.flareboxHeaders ?? [])));
+const HANDSHAKE_HEADERS = ["sec-websocket-protocol", "sec-websocket-accept", "sec-websocket-extensions", "upgrade",
+  "connection", "content-length", "transfer-encoding"];
+
+server.on("upgrade", async (req, socket, head) => {
+  socket.on("error", () => {}); // a client that left; its close is all there is to it
+  const url = new URL(req.url, "http://127.0.0.1");
+  const headers = clientHeaders(req);
+  let response;
+  try {
+    if (url.pathname.startsWith("/__harness/")) {
+      response = new Response(JSON.stringify({ error: "harness routes take no upgrade" }), { status: 400 });
+    } else {
+      const request = new Request(`http://${req.headers.host ?? "127.0.0.1"}${req.url}`, { method: req.method, headers });
+      record("worker.fetch", null, { method: req.method, path: url.pathname, bodyLength: 0, upgrade: isUpgrade(headers) });
+      response = await worker(request);
+    }
+    const end = response.webSocket;
+    if (end) {
+      if (!isUpgrade(headers)) {
+        throw new TypeError("Worker tried to return a WebSocket in a response to a request which did not contain the "
+          + "header \"Upgrade: websocket\".");
+      }
+      if (end.accepted) throw new TypeError("Can't return WebSocket in a Response after calling accept().");
+      if (end.coupled) throw new TypeError("Can't return WebSocket that was already used in a response.");
+      req.flareboxProtocol = response.headers.get("sec-websocket-protocol") ?? undefined;
+      req.flareboxHeaders = [...response.headers].filter(([k]) => !HANDSHAKE_HEADERS.includes(k)).map(([k, v]) => `${k}: ${v}`);
+      clientSockets.handleUpgrade(req, socket, head, (conn) => {
+        record("worker.websocket", null, {
+          path: url.pathname, protocol: conn.protocol || null, offered: req.headers["sec-websocket-protocol"] ?? null,
+        });
+        coupleNetwork(end, conn, (code) => record("worker.websocket.closed", null, { path: url.pathname, code }));
+      });
+      return;
+    }
+  } catch (err) {
+    console.error("harness: the Worker threw:", err);
+    response = new Response("internal error", { status: 500 });
+  }
+  let body;
+  try {
+    body = response.body ? Buffer.from(await response.arrayBuffer()) : Buffer.alloc(0);
+  } catch {
+    socket.destroy(); // the answer broke off
+    return;
+  }
+  record("worker.upgradeRefused", null, { path: url.pathname, status: response.status });
+  const lines = [`HTTP/1.1 ${response.status} ${http.STATUS_CODES[response.status] ?? ""}`];
+  for (const [k, v] of response.headers) if (!HANDSHAKE_HEADERS.includes(k)) lines.push(`${k}: ${v}`);
+  lines.push(`content-length: ${body.length}`, "connection: close", "", "");
+  socket.end(Buffer.concat([Buffer.from(lines.join("\r\n")), body]));
 });
 
 async function shutdown() {

@@ -8,7 +8,10 @@ src/durable/settings.py; key shapes and scopes from src/protocol/keys.py.
 
 import ast
 import json
+import os
 import re
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -20,6 +23,7 @@ from openapi_spec_validator import validate as validate_openapi
 from directory.directory import Directory
 from durable.ports import BackupInfo, Response, SnapshotInfo
 from durable.settings import SETTING_VARS, Settings
+from flarebox_supervisor import filetree, processes, treeops
 from protocol import (
     ERRORS,
     LIMITS,
@@ -32,10 +36,12 @@ from protocol import (
     output_event,
     parse_exec_request,
     parse_workspace_config,
+    pty,
     started_event,
     status_event,
 )
 from protocol import events as ev
+from protocol.files import ENTRY_TYPES, SIGNALS, parse_mkdir_request, parse_move_request, parse_signal_request
 from protocol.keys import KEY_ID_PATTERN, KEY_PATTERN, SCOPES, parse_key_request
 from protocol.snapshots import parse_fork_source, parse_restore_request, parse_snapshot_patch, parse_snapshot_request
 from standalone.storage import SqliteStorage
@@ -627,6 +633,7 @@ def test_doc_json_examples_match_their_schemas(doc, spec):
         "scopes": "KeyRequest",
         "state": "Status",
         "command": "ExecRequest",
+        "mtime": "FileEntry",
     }
     checked = set()
     for block in blocks:
@@ -738,6 +745,126 @@ def test_key_requests_the_code_rejects_the_schema_rejects(spec, body):
     assert not schema_validator(spec, "KeyRequest").is_valid(body)
 
 
+# --- the file tree, terminals and processes -----------------------------------------------------------------------
+
+
+def test_the_tree_terminal_and_process_parameters_carry_the_protocol_limits(spec):
+    schemas, params = spec["components"]["schemas"], spec["components"]["parameters"]
+
+    def bounds(name: str) -> tuple:
+        schema = params[name]["schema"]
+        return schema["minimum"], schema["maximum"], schema.get("default")
+
+    assert bounds("ListDepth") == (1, limits.MAX_LIST_DEPTH, 1)
+    assert bounds("ListLimit") == (1, limits.MAX_LIST_ENTRIES, limits.DEFAULT_LIST_ENTRIES)
+    assert bounds("PtyCols") == (1, limits.MAX_PTY_SIZE, limits.DEFAULT_PTY_COLS)
+    assert bounds("PtyRows") == (1, limits.MAX_PTY_SIZE, limits.DEFAULT_PTY_ROWS)
+    assert bounds("Pid") == (1, limits.MAX_PID, None)
+    assert schemas["SessionId"]["pattern"] == f"^{pty._SESSION_ID.pattern}$"
+    assert schemas["Signal"]["enum"] == list(SIGNALS)
+    assert schemas["FileEntry"]["properties"]["type"]["enum"] == list(ENTRY_TYPES)
+    assert schemas["ListedProcess"]["properties"]["state"]["enum"] == [*processes.STATES.values(), "unknown"]
+    assert schemas["FileList"]["properties"]["entries"]["maxItems"] == limits.MAX_LIST_ENTRIES
+    assert schemas["ProcessList"]["properties"]["processes"]["maxItems"] == processes.MAX_PROCESSES
+
+
+# (schema, the code's parser, body, accepted?) for the bodies of move, mkdir and signal
+TREE_BODIES = [
+    ("MoveRequest", parse_move_request, {"from": "/workspace/a", "to": "/workspace/b"}, True),
+    ("MoveRequest", parse_move_request, {"from": "/workspace/a", "to": "/workspace/b ✓", "overwrite": True}, True),
+    ("MoveRequest", parse_move_request, {"from": "/workspace/a"}, False),
+    ("MoveRequest", parse_move_request, {"from": "workspace/a", "to": "/b"}, False),
+    ("MoveRequest", parse_move_request, {"from": "/a", "to": "/b\x00"}, False),
+    ("MoveRequest", parse_move_request, {"from": "/a", "to": "/b", "overwrite": None}, False),
+    ("MoveRequest", parse_move_request, {"from": "/a", "to": "/b", "force": True}, False),
+    ("MkdirRequest", parse_mkdir_request, {"path": "/workspace/d"}, True),
+    ("MkdirRequest", parse_mkdir_request, {"path": "/workspace/d", "parents": True, "mode": "0700"}, True),
+    ("MkdirRequest", parse_mkdir_request, {"path": "/workspace/d", "parents": False, "mode": "755"}, True),
+    ("MkdirRequest", parse_mkdir_request, {"path": "/workspace/d", "mode": None}, True),
+    ("MkdirRequest", parse_mkdir_request, {}, False),
+    ("MkdirRequest", parse_mkdir_request, {"path": "d"}, False),
+    ("MkdirRequest", parse_mkdir_request, {"path": "/d", "mode": "0800"}, False),
+    ("MkdirRequest", parse_mkdir_request, {"path": "/d", "mode": "00755"}, False),
+    ("MkdirRequest", parse_mkdir_request, {"path": "/d", "mode": ""}, False),
+    ("MkdirRequest", parse_mkdir_request, {"path": "/d", "mode": 493}, False),
+    ("MkdirRequest", parse_mkdir_request, {"path": "/d", "parents": "yes"}, False),
+    ("MkdirRequest", parse_mkdir_request, {"path": "/d", "owner": "root"}, False),
+    ("SignalRequest", parse_signal_request, {"signal": "TERM"}, True),
+    ("SignalRequest", parse_signal_request, {"signal": "KILL", "group": True}, True),
+    ("SignalRequest", parse_signal_request, {}, False),
+    ("SignalRequest", parse_signal_request, {"signal": "SIGTERM"}, False),
+    ("SignalRequest", parse_signal_request, {"signal": "USR1"}, False),
+    ("SignalRequest", parse_signal_request, {"signal": 15}, False),
+    ("SignalRequest", parse_signal_request, {"signal": "TERM", "group": None}, False),
+    ("SignalRequest", parse_signal_request, {"signal": "TERM", "pid": 1}, False),
+]
+
+
+@pytest.mark.parametrize("name, parse, body, ok", TREE_BODIES)
+def test_tree_and_signal_bodies_agree_with_the_schemas(spec, name, parse, body, ok):
+    assert schema_validator(spec, name).is_valid(body) is ok
+    if ok:
+        parse(dict(body))
+    else:
+        with pytest.raises(ProtocolError):
+            parse(dict(body))
+
+
+def test_the_entries_and_pages_the_supervisor_answers_match_the_schemas(spec, tmp_path):
+    (tmp_path / "d" / "sub").mkdir(parents=True)
+    (tmp_path / "d" / "f").write_text("hi")
+    (tmp_path / "d" / "f").chmod(0o4755)
+    (tmp_path / "d" / "link").symlink_to("f")
+    (tmp_path / "d" / "dangling").symlink_to("/nowhere/at/all")
+    os.mkfifo(tmp_path / "d" / "fifo")
+    entry = schema_validator(spec, "FileEntry")
+    for name in ("d", "d/f", "d/link", "d/dangling", "d/fifo", "d/sub"):
+        entry.validate(treeops.stat_entry(str(tmp_path / name))[0]["entry"])
+    entry.validate(treeops.stat_entry("/")[0]["entry"])
+    page = schema_validator(spec, "FileList")
+    seen, cursor = [], None
+    while True:
+        result, fd = treeops.list_page(str(tmp_path), 3, 2, cursor)
+        body = json.loads(filetree._page_body(str(tmp_path), fd, result["cursor"]))
+        page.validate(body)
+        seen += [e["name"] for e in body["entries"]]
+        cursor = body["cursor"]
+        if cursor is None:
+            break
+    assert seen == ["d", "dangling", "f", "fifo", "link", "sub"]
+    # strict: a symlink names its target and nothing else does; modes are four octal digits
+    described = treeops.stat_entry(str(tmp_path / "d" / "link"))[0]["entry"]
+    assert not entry.is_valid({k: v for k, v in described.items() if k != "target"})
+    assert not entry.is_valid({**treeops.stat_entry(str(tmp_path / "d"))[0]["entry"], "target": "x"})
+    assert not entry.is_valid({**described, "mode": "755"})
+    for answer, name in (
+        ({"path": "/workspace/x", "deleted": True}, "FileDeleted"),
+        ({"from": "/workspace/a", "to": "/workspace/b"}, "Moved"),
+        ({"path": "/workspace/d", "created": True}, "MkdirResult"),
+        ({"path": "/workspace/d", "created": False}, "MkdirResult"),
+        ({"path": "/workspace/data", "files": 3, "directories": 1, "symlinks": 0, "bytes": 12}, "ArchiveWritten"),
+    ):
+        schema_validator(spec, name).validate(answer)
+
+
+def test_the_process_list_and_a_signal_the_supervisor_answers_match_the_schemas(spec):
+    # a process of this user in a session of its own: listed (the caller's own session is the supervisor's)
+    child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"], start_new_session=True)
+    try:
+        listed = processes.list_processes(os.getuid(), "sandbox", {child.pid: "0" * 32})
+        answer = {"commands": [], "processes": listed.entries, "truncated": listed.truncated}
+        schema_validator(spec, "ProcessList").validate(answer)
+        mine = next(p for p in listed.entries if p["pid"] == child.pid)
+        assert mine["request_id"] == "0" * 32 and mine["state"] in ("sleeping", "running")
+        assert os.getpid() not in {p["pid"] for p in listed.entries}
+        sent, _ = processes.signal_process(child.pid, "TERM", False)
+        schema_validator(spec, "Signalled").validate(sent)
+        assert child.wait(10) == -15
+    finally:
+        child.kill()
+        child.wait()
+
+
 # --- what the edge answers on the new routes, against the schemas -----------------------------------------------
 
 TOKEN = "d" * 40
@@ -847,6 +974,25 @@ async def test_the_edge_answers_on_key_list_and_audit_routes_match_the_schemas(s
         )
         assert upload.status == 200
         assert (await _send(edge, "POST", "/v1/workspaces/ns/a/stop", credential=key))[0] == 403
+        # the file tree, a directory upload, a signal and a terminal: audited with what _detail_of keeps
+        tree = "/v1/workspaces/ns/a/files"
+        assert (await _send(edge, "DELETE", tree, "path=/workspace/x&recursive=true", credential=key))[0] == 200
+        moved = {"from": "/workspace/x", "to": f"/workspace/{TOKEN}"}
+        assert (await _send(edge, "POST", tree + "/move", body=moved, credential=key))[0] == 200
+        assert (await _send(edge, "POST", tree + "/mkdir", body={"path": "/workspace/d", "parents": True}))[0] == 200
+        archive = EdgeRequest(
+            "PUT", tree + "/archive", "path=/workspace/d", {"authorization": f"Bearer {TOKEN}"}, _Body(b"")
+        )
+        assert (await edge.handle(archive)).status == 200
+        signal = {"signal": "TERM", "group": True}
+        assert (await _send(edge, "POST", "/v1/workspaces/ns/a/processes/42/signal", body=signal))[0] == 200
+        terminal = EdgeRequest(
+            "GET", "/v1/workspaces/ns/a/pty", f"session={RID}", {"authorization": f"Bearer {key}"}, socket=object()
+        )
+        assert (await edge.handle(terminal)).status == 200
+        assert (await _send(edge, "GET", "/v1/workspaces/ns/a/pty", credential=key))[1]["error"]["code"] == (
+            "websocket_required"
+        )
         workspaces.gone.add(("ns", "gone"))
 
         status, listing, _ = await _send(edge, "GET", "/v1/workspaces", "limit=2")
@@ -870,6 +1016,17 @@ async def test_the_edge_answers_on_key_list_and_audit_routes_match_the_schemas(s
         schema_validator(spec, "AuditPage").validate(page)
         operations_seen = {r["operation"] for r in page["records"]}
         assert {"mint_key", "revoke_key", "put_config", "exec", "write_file", "stop"} <= operations_seen
+        details = {
+            (r["operation"], r["status"]): {
+                k: v for k, v in r.items() if k in ("path", "to", "recursive", "pid", "signal", "group", "session")
+            }
+            for r in page["records"]
+        }
+        assert details[("delete_file", 200)] == {"path": "/workspace/x", "recursive": True}
+        assert details[("move_file", 200)] == {"path": "/workspace/x", "to": "/workspace/[redacted]"}
+        assert details[("make_dir", 200)] == details[("put_archive", 200)] == {"path": "/workspace/d"}
+        assert details[("signal_process", 200)] == {"pid": 42, "signal": "TERM", "group": True}
+        assert details[("pty", 200)] == {"session": RID} and details[("pty", 426)] == {}
         text = json.dumps(page)
         assert TOKEN not in text and key not in text and "[redacted]" in text
         assert (await _send(edge, "GET", "/v1/audit", credential=key))[1]["error"]["code"] == "forbidden"

@@ -397,6 +397,49 @@ def test_the_documents_curl_examples_work_as_printed(walk):
     started = started_of(events)
     assert (started["from"], started["backup"], started["snapshot"]) == ("backup", made, None)
 
+    # §6.30 a plain GET of the terminal is refused: it is a WebSocket (the CLI's block is interactive, not run)
+    refused = json.loads(walk.run(sh_blocks("6.30")[0]))
+    schema("Error").validate(refused)
+    assert refused["error"]["code"] == "websocket_required"
+
+    # §6.31 the file tree: mkdir -p, a listing two levels deep, stat, move, a recursive delete
+    made, listing, described, moved, deleted = json_values(walk.run(sh_blocks("6.31")[0]))
+    schema("MkdirResult").validate(made)
+    assert made == {"path": "/workspace/notes/drafts", "created": True}
+    schema("FileList").validate(listing)
+    assert listing["path"] == "/workspace" and listing["cursor"] is None
+    listed = {e["path"]: e for e in listing["entries"]}
+    assert listed["/workspace/notes/drafts"]["type"] == "directory"
+    assert listed["/workspace/data/data.csv"] == {**listed["/workspace/data/data.csv"], "type": "file", "size": 8}
+    schema("FileEntry").validate(described)
+    assert (described["path"], described["name"], described["mode"]) == ("/workspace/build.sh", "build.sh", "0755")
+    schema("Moved").validate(moved)
+    assert moved == {"from": "/workspace/notes/drafts", "to": "/workspace/notes/final"}
+    schema("FileDeleted").validate(deleted)
+    assert deleted == {"path": "/workspace/notes", "deleted": True}
+    assert exec_output(walk, "test ! -e /workspace/notes && echo gone") == "gone\n"
+
+    # §6.32 a directory down as a tar.zst, and up again into a new directory
+    (written,) = json_values(walk.run(sh_blocks("6.32")[0]))
+    schema("ArchiveWritten").validate(written)
+    assert written == {"path": "/workspace/data-copy", "files": 1, "directories": 0, "symlinks": 0, "bytes": 8}
+    assert (walk.cwd / "src.tar.zst").read_bytes()[:4] == b"\x28\xb5\x2f\xfd"  # a zstd frame
+    assert exec_output(walk, "cat /workspace/data-copy/data.csv") == "a,b\n1,2\n"
+
+    # §6.34 what runs: a background `sleep 300` is listed, then signalled
+    exec_output(walk, "setsid sleep 300 > /dev/null 2>&1 &")
+    running, signalled = json_values(walk.run(sh_blocks("6.34")[0]))
+    schema("ProcessList").validate(running)
+    (sleeper,) = [p for p in running["processes"] if p["command"] == "sleep 300"]
+    assert sleeper["request_id"] is None  # setsid: a session of its own, no exec's
+    assert running["commands"][0]["command"] == "setsid sleep 300 > /dev/null 2>&1 &"
+    schema("Signalled").validate(signalled)
+    assert signalled == {"pid": sleeper["pid"], "signal": "TERM", "group": False}
+    deadline = time.monotonic() + 10
+    while any(p["pid"] == sleeper["pid"] for p in httpx.get(f"{w}/processes", headers=walk.auth()).json()["processes"]):
+        assert time.monotonic() < deadline, "the signalled sleep is still listed"
+        time.sleep(0.1)
+
     # §6.5 delete, after which the workspace is unknown
     assert json.loads(walk.run(sh_blocks("6.5")[0])) == {"deleted": True}
     gone = httpx.get(w, headers=walk.auth())

@@ -1,5 +1,6 @@
 """Defects the fuzzer found, pinned as plain tests (the fuzz run is randomised; these always run)."""
 
+import re
 from concurrent.futures import ThreadPoolExecutor
 
 import pytest
@@ -67,3 +68,41 @@ def test_a_snapshot_racing_a_stop_or_a_delete_is_never_a_5xx(fuzz_server, other)
                     assert (answer.status_code, answer.json()["error"]["code"]) == (404, "workspace_not_found")
                     assert other == "delete", answer.text
         assert client.delete(ws_url("regress", ws), params={"confirm": "true"}).status_code in (200, 404)
+
+
+# Found by the fuzzer (and by hand) on the file tree and directory archive routes.
+def test_an_archive_of_a_path_of_the_longest_length_is_a_400(fuzz_server):
+    """Was: 500 internal_error "the archive failed: …" — the worker's JSON error quotes the 4096-byte path."""
+    with fuzz_server.client() as client:
+        assert put_workspace(client, "regress", "archives").status_code in (200, 201)
+        response = client.get(ws_url("regress", "archives", "files", "archive"), params={"path": "/" + "0" * 4095})
+        assert response.status_code == 400 and response.json()["error"]["code"] == "invalid_path", response.text
+
+
+def test_an_archive_upload_into_a_read_only_directory_is_a_403(fuzz_server):
+    """Was: 500 internal_error "the import failed: [Errno 30] Read-only file system: '/.flarebox-import-…'"."""
+    with fuzz_server.client() as client:
+        assert put_workspace(client, "regress", "archives").status_code in (200, 201)
+        response = client.put(ws_url("regress", "archives", "files", "archive"), params={"path": "/"}, content=b"")
+        assert response.status_code == 403 and response.json()["error"]["code"] == "permission_denied", response.text
+
+
+# a tmpfs inside the sandbox (the standalone /workspace is ext4, which keeps mtimes between 1901 and 2446 only)
+SANDBOX_TMPFS = "/dev/shm/t"  # noqa: S108 - a path inside the sandbox, not on this machine
+
+
+def test_a_listing_with_a_far_future_mtime_answers_timestamps(fuzz_server):
+    """A file's mtime is the sandbox user's to set (tmpfs keeps 64-bit seconds): was 500 internal_error for the
+    stat and the whole listing of its directory, and a `mtime` of five or more year digits below that."""
+    with fuzz_server.client() as client:
+        assert put_workspace(client, "regress", "mtimes").status_code in (200, 201)
+        setup = f"mkdir -p {SANDBOX_TMPFS} && cd {SANDBOX_TMPFS} && touch -d @400000000000 far"
+        run_ok(client, "regress", "mtimes", setup + " && touch -d @144115188075855872 farther")
+        timestamp = r"[0-9]{4}-[0-9]{2}-[0-9]{2}T[0-9]{2}:[0-9]{2}:[0-9]{2}\.[0-9]{3}Z"
+        listing = client.get(ws_url("regress", "mtimes", "files"), params={"path": SANDBOX_TMPFS, "list": "1"})
+        assert listing.status_code == 200, listing.text
+        assert all(re.fullmatch(timestamp, entry["mtime"]) for entry in listing.json()["entries"]), listing.text
+        for name in ("far", "farther"):
+            path = f"{SANDBOX_TMPFS}/{name}"
+            stat = client.get(ws_url("regress", "mtimes", "files", "stat"), params={"path": path})
+            assert stat.status_code == 200 and re.fullmatch(timestamp, stat.json()["mtime"]), stat.text

@@ -129,6 +129,10 @@ def checks_for(case) -> list:
     return [c for c in CHECKS if c is not not_a_server_error] if PROXIED.search(case.operation.path) else CHECKS
 
 
+# The routes whose `path` query parameter names a file or directory (steered onto the fixture's files)
+FILE_ROUTES = ("/files", "/files/stat", "/files/archive")
+
+
 def _valid_name(value) -> bool:
     return isinstance(value, str) and re.fullmatch(r"[a-z0-9][a-z0-9_.-]{0,62}", value) is not None
 
@@ -149,9 +153,12 @@ def steer(case) -> None:
         if len(query["namespace"]) % 2 == 0:
             query["namespace"] = NAMESPACE
     path = query.get("path")
-    if case.operation.path.endswith("/files") and isinstance(path, str) and path.startswith("/") and "\0" not in path:
+    steerable = isinstance(path, str) and path.startswith("/") and "\0" not in path
+    if case.operation.path.endswith(FILE_ROUTES) and steerable:
         if len(path) % 2 == 0:
             query["path"] = f"/workspace/f{len(path) % 5}"  # files the fixture wrote: reads that succeed
+        elif len(path) % 3 == 0 and case.operation.method.upper() == "GET":
+            query["path"] = "/workspace"  # a directory: listings and archives that succeed
     if case.operation.path.endswith("/exec") and isinstance(case.body, dict):
         if isinstance(case.body.get("request_id"), str) and re.fullmatch(r"[0-9a-f]{32}", case.body["request_id"]):
             case.body["request_id"] = rid()  # generated ids repeat (000…): mostly run, not duplicate_request

@@ -160,7 +160,7 @@ BAD_ROUTES = [
     ("POST", "/v1/health", "", 405, "method_not_allowed"),
     ("POST", W, "", 405, "method_not_allowed"),
     ("GET", W + "/exec", "", 405, "method_not_allowed"),
-    ("DELETE", W + "/files", "", 405, "method_not_allowed"),
+    ("PATCH", W + "/files", "", 405, "method_not_allowed"),
     ("GET", W + "/stop", "", 405, "method_not_allowed"),
     ("GET", "/v1/workspaces/Team/proj", "", 400, "invalid_name"),
     ("GET", "/v1/workspaces/team/%70roj", "", 400, "invalid_name"),

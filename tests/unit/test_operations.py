@@ -11,13 +11,16 @@ from test_workspace import Env
 from durable import operations
 from durable.operations import EDGE_ONLY, OPERATIONS
 from protocol.errors import ProtocolError
+from protocol.files import ListRequest, MkdirRequest, MoveRequest, SignalRequest
+from protocol.pty import PtyRequest
 from protocol.services import parse_service
 from protocol.validate import parse_exec_request, parse_workspace_config
 from worker.routes import WORKSPACE_ROUTES
 
 
 def _endpoints():
-    return [endpoint for methods in WORKSPACE_ROUTES.values() for endpoint in methods.values()]
+    listed = [endpoint for methods in WORKSPACE_ROUTES.values() for endpoint in methods.values()]
+    return listed + [endpoint.switch[1] for endpoint in listed if endpoint.switch is not None]
 
 
 def _handlers():
@@ -53,7 +56,8 @@ def test_argument_types_are_frozen_dataclasses():
 
 
 def test_only_uploads_and_the_proxy_stream_their_body():
-    assert [op.name for op in OPERATIONS.values() if op.streams_body] == ["write_file", "import", "proxy"]
+    streamed = [op.name for op in OPERATIONS.values() if op.streams_body]
+    assert streamed == ["write_file", "put_archive", "import", "proxy"]
 
 
 RID = "0" * 32
@@ -86,6 +90,14 @@ EXAMPLES = [
     operations.PatchSnapshotArgs("snap-1", label=None, set_label=True, keep=False),
     operations.RestoreArgs(backup="b-1764406800123-9f2c1a", discard_changes=True),
     operations.ImportArgs(None),
+    ListRequest("/workspace/é", depth=3, limit=10, cursor="a/b"),
+    operations.StatArgs("/workspace/x"),
+    operations.DeleteFileArgs("/workspace/x", recursive=True),
+    MoveRequest("/workspace/a", "/workspace/b", overwrite=True),
+    MkdirRequest("/workspace/d", parents=True, mode=0o700),
+    operations.ArchiveArgs("/workspace/src", 1234),
+    operations.SignalArgs(42, SignalRequest("TERM", group=True)),
+    PtyRequest("0" * 32, cols=120, rows=40),
 ]
 
 
