@@ -38,9 +38,10 @@ ERROR_EXIT = 125  # flarebox itself failed (as docker does); a command's own exi
 API_ERROR_EXIT = 1  # the non-exec commands: the server refused (named by its code), or a local file error
 CANCELLED_EXIT = 130
 MAX_STDIN_BYTES = 1024 * 1024  # the whole exec request is a JSON body of at most 1 MiB
-CLIENT_COMMANDS = ("exec", "attach", "cp", "status", "stop", "rm", *cli_snapshots.COMMANDS)
+CLIENT_COMMANDS = ("exec", "attach", "cp", "shell", "status", "stop", "rm", *cli_snapshots.COMMANDS)
 DEPLOYMENT_COMMANDS = ("keys", "ls", "audit")  # about the deployment, not one workspace (standalone/cli_keys.py)
-STREAM_COMMANDS = ("exec", "attach")  # their exit code is the command's: every failure of flarebox's own is 125
+# their exit code is the command's (a shell's: the remote shell's): every failure of flarebox's own is 125
+STREAM_COMMANDS = ("exec", "attach", "shell")
 VALUE_OPTIONS = ("--endpoint", "--token-file", "--namespace", "-n")
 
 
@@ -117,6 +118,7 @@ def _parser() -> argparse.ArgumentParser:
     )
     cp.add_argument("source")
     cp.add_argument("destination")
+    client_command("shell", "open an interactive terminal in a workspace (created with defaults if missing)")
     client_command("status", "show a workspace's state")
     cli_snapshots.add_parsers(client_command)
     client_command("stop", "snapshot and stop (ephemeral: destroy)")
@@ -266,6 +268,10 @@ def _client_command(args) -> int:
                 return _follow(client, args, args.request_id, args.offset)
             if args.command == "cp":
                 return cp(client, args)
+            if args.command == "shell":
+                from standalone import cli_shell  # imports the WebSocket library: only when asked for
+
+                return cli_shell.run(client, endpoint, token, args)
             if args.command in DEPLOYMENT_COMMANDS:
                 return cli_keys.run(client, args)
             ws = args.workspace

@@ -66,6 +66,11 @@ class Terminal:
     def key(self, key: str) -> None:
         subprocess.run(["tmux", "-S", self.socket, "send-keys", key], check=True, timeout=10)
 
+    def resize(self, cols: int, rows: int) -> None:
+        subprocess.run(
+            ["tmux", "-S", self.socket, "resize-window", "-x", str(cols), "-y", str(rows)], check=True, timeout=10
+        )
+
     def screen(self) -> str:
         done = subprocess.run(
             ["tmux", "-S", self.socket, "capture-pane", "-p", "-J", "-S", "-200"],
