@@ -11,9 +11,14 @@ for bin in bwrap:bubblewrap zstd:zstd curl:curl tar:tar slirp4netns:slirp4netns;
 done
 # libseccomp.so.2 for the sandboxes' seccomp filter (a substitution, not a pipe: grep -q + pipefail would misfire)
 [[ "$(PATH="$PATH:/usr/sbin:/sbin" ldconfig -p 2>/dev/null || true)" == *libseccomp.so.2* ]] || need_apt+=(libseccomp2)
+# the web console's terminal widget (package.json "dependencies", served by src/standalone/console.py)
+widget=node_modules/@xterm/xterm/lib/xterm.js
 if [ "$mode" = dev ]; then
   command -v node >/dev/null 2>&1 || need_apt+=(nodejs npm)
   command -v tmux >/dev/null 2>&1 || need_apt+=(tmux)  # the CLI tests drive a real terminal (Ctrl-C, progress)
+  command -v chromium >/dev/null 2>&1 || need_apt+=(chromium)  # the web console's tests drive a headless browser
+elif [ ! -f "$widget" ]; then
+  command -v npm >/dev/null 2>&1 || need_apt+=(nodejs npm)
 fi
 if [ ${#need_apt[@]} -gt 0 ]; then
   sudo=""; [ "$(id -u)" -eq 0 ] || sudo="sudo"
@@ -33,6 +38,13 @@ if [ ! -f "$stamp" ] || [ pyproject.toml -nt "$stamp" ]; then
   .venv/bin/python -m pip install -q --upgrade pip >/dev/null
   .venv/bin/python -m pip install -q -e ".[$extra]"
   touch "$stamp"
+fi
+if [ "$mode" != dev ] && [ -f package.json ] && [ ! -f "$widget" ]; then
+  omit=(--omit=dev --omit=optional)  # the runtime needs the widget alone...
+  [ -d node_modules/wrangler ] && omit=()  # ...but a dev checkout keeps its Cloudflare tooling
+  # a failure does not stop the server: the console then says in its terminal panel how to get the widget
+  npm ci "${omit[@]}" --no-audit --no-fund --loglevel=error ||
+    echo "setup: npm ci failed: the web console runs without its terminal until scripts/setup.sh succeeds" >&2
 fi
 if [ "$mode" = dev ] && [ -f package.json ]; then
   if [ ! -d node_modules ] || [ package-lock.json -nt node_modules ]; then

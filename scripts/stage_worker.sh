@@ -12,7 +12,8 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 
 out=build/worker
-rm -rf "$out"  # a refused bundle leaves nothing staged
+assets=build/console
+rm -rf "$out" "$assets"  # a refused bundle leaves nothing staged
 
 if [ ! -d python_modules/workers ] || [ -f python_modules/.flarebox-vendored ]; then
   scripts/vendor_workers_sdk.sh  # missing, or vendored by this script: (re)vendor the pin; a no-op when it matches
@@ -40,3 +41,17 @@ for pkg in cloudflare protocol worker durable directory; do
   cp -R "src/$pkg" "$out/$pkg"
 done
 find "$out" -name __pycache__ -type d -prune -exec rm -rf {} +
+
+# The web console as static assets (wrangler.jsonc "assets"): the page at /, its script and style, and the terminal
+# widget's files under /console/vendor/ — the URLs src/standalone/console.py serves on the standalone runtime.
+# (A stand-in checkout without console/, as tests/cloudflare/test_sdk_pin.py makes, stages no assets.)
+if [ -d console ]; then
+  widget=(node_modules/@xterm/xterm/lib/xterm.js node_modules/@xterm/xterm/css/xterm.css node_modules/@xterm/addon-fit/lib/addon-fit.js)
+  for file in "${widget[@]}"; do
+    [ -f "$file" ] || { echo "stage_worker: $file is missing: run npm ci (scripts/setup.sh dev installs it)" >&2; exit 1; }
+  done
+  mkdir -p "$assets/console/vendor"
+  cp console/index.html console/_headers "$assets/"
+  cp console/console.js console/console.css "$assets/console/"
+  cp "${widget[@]}" "$assets/console/vendor/"
+fi

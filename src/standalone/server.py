@@ -12,6 +12,7 @@ from typing import Any
 
 from durable.ports import Response
 from protocol.errors import ProtocolError
+from standalone import console
 from standalone.asgi_socket import AsgiSocket
 from worker.request import EdgeRequest
 
@@ -121,6 +122,9 @@ class FlareboxApp:
             return
         if sum(len(k) + len(v) for k, v in scope.get("headers", ())) > MAX_HEADER_BYTES:
             await self._send(Response.error(ProtocolError("headers_too_large")), AsgiBody(receive), receive, send)
+            return
+        if console.serves(scope["path"]):  # the web console's static files (standalone/console.py), not the API
+            await self._send(console.respond(scope["method"], scope["path"]), AsgiBody(receive), receive, send)
             return
         headers = _headers(scope)
         body = AsgiBody(receive, "content-length" in headers or "transfer-encoding" in headers)

@@ -2,7 +2,9 @@
 config and writes exactly what a deploy would upload (the container image build is skipped with
 --containers-rollout=none, which would need Docker)."""
 
+import json
 import os
+import re
 import subprocess
 from pathlib import Path
 
@@ -10,6 +12,7 @@ import pytest
 
 from durable.settings import Settings
 from standalone.config import read_jsonc
+from standalone.console import FILES
 
 REPO = Path(__file__).resolve().parents[2]
 NPX = REPO / "node_modules" / ".bin"
@@ -111,3 +114,22 @@ def test_config_declares_the_objects_the_container_and_vars(dry_run):
     # the documented defaults are the built-in ones (the standalone runtime reads these vars as its defaults;
     # the empty Access vars mean "off")
     assert Settings.from_vars(config["vars"]) == Settings.from_vars({})
+
+
+@pytest.mark.timeout(300)
+def test_the_web_console_is_served_as_static_assets(dry_run):
+    """The console (console/ and the terminal widget) is staged into build/console/ and uploaded as static assets,
+    at the URLs the standalone runtime serves; the API stays the Worker's."""
+    _, files, stdout = dry_run
+    assert re.search(r"Read \d+ files from the assets directory .*build/console", stdout), stdout
+    config = read_jsonc(REPO / "wrangler.jsonc")
+    assert config["assets"] == {"directory": "build/console", "run_worker_first": ["/v1/*"]}
+    staged = REPO / "build" / "console"
+    assets = {str(p.relative_to(staged)) for p in staged.rglob("*") if p.is_file()}
+    assert assets - {"_headers"} == {"index.html" if url == "/" else url.removeprefix("/") for url in FILES}
+    for url, (source, _) in FILES.items():
+        asset = staged / ("index.html" if url == "/" else url.removeprefix("/"))
+        assert asset.read_bytes() == (REPO / source).read_bytes(), url
+    assert (staged / "_headers").read_text() == (REPO / "console" / "_headers").read_text()
+    assert not any(p.startswith(("console/", "index.html", "_headers")) for p in files)  # assets, not modules
+    assert json.loads((REPO / "package.json").read_text())["dependencies"]["@xterm/xterm"] == "6.0.0"
