@@ -128,7 +128,7 @@ async def put_archive(request: web.Request) -> web.Response:
         pipes = {"stdin": asyncio.subprocess.PIPE, "stdout": asyncio.subprocess.PIPE}
         worker = await _Worker.start(request, "import", target, extra, **pipes)
         try:
-            await _send_body(request, worker.proc, max_bytes)
+            await send_body(request, worker.proc, max_bytes)
             answer = await worker.proc.stdout.readline()  # one JSON line, written once the worker is done
             if not answer:
                 log.error("directory upload worker failed: %s", await worker.stderr())
@@ -138,7 +138,7 @@ async def put_archive(request: web.Request) -> web.Response:
     return web.json_response({"path": path, **result})
 
 
-async def _send_body(request: web.Request, proc, max_bytes: int) -> None:
+async def send_body(request: web.Request, proc, max_bytes: int) -> None:
     """The request body into the worker's stdin, then its end. A client that goes away raises here, and the worker
     is stopped before it could commit."""
     received = 0

@@ -180,18 +180,7 @@ async def _import(request: web.Request, max_bytes: int, max_entries: int) -> web
     errors = bytearray()
     stderr_task = asyncio.ensure_future(_drain_stderr(proc, errors))
     try:
-        received = 0
-        # a client that goes away raises here, and the worker is stopped (finally) before it could commit
-        while chunk := await request.content.readany():
-            received += len(chunk)
-            if received > max_bytes:
-                raise ProtocolError("payload_too_large", f"the archive is larger than {max_bytes} bytes")
-            try:
-                proc.stdin.write(chunk)
-                await proc.stdin.drain()
-            except (BrokenPipeError, ConnectionResetError):
-                break  # the worker stopped reading: it already has its answer (a refused archive)
-        proc.stdin.close()  # the end of the archive: the worker checks the end and only then commits
+        await dirarchive.send_body(request, proc, max_bytes)  # the worker is stopped (finally) if the client leaves
         answer = b""
         while len(answer) <= _RESULT_MAX and (part := await proc.stdout.read(_RESULT_MAX)):
             answer += part

@@ -12,7 +12,7 @@ import json
 import shutil
 
 import pytest
-from e2e import put_workspace, wait_until, ws_url
+from e2e import TerminalSession, put_workspace, wait_until, ws_url
 from websockets.asyncio.client import connect
 from websockets.exceptions import InvalidStatus
 
@@ -67,32 +67,6 @@ def terminal(harness, ws: str, headers: dict | None = None, **options):
     return connect(pty_url(harness, ws, **query), additional_headers=headers, open_timeout=OPEN_SECONDS, **options)
 
 
-class Session:
-    """One connection: text frames parsed, binary frames gathered into `screen`."""
-
-    def __init__(self, conn):
-        self.conn = conn
-        self.frames: list[dict] = []
-        self.screen = b""
-
-    async def until(self, predicate, timeout: float = 90):
-        async def wait():
-            while not predicate(self):
-                message = await self.conn.recv()
-                if isinstance(message, bytes):
-                    self.screen += message
-                else:
-                    self.frames.append(json.loads(message))
-
-        await asyncio.wait_for(wait(), timeout)
-
-    def frame(self, kind: str) -> dict | None:
-        return next((f for f in self.frames if f["type"] == kind), None)
-
-    async def type(self, text: str) -> None:
-        await self.conn.send(text.encode())
-
-
 def create(harness, name: str) -> None:
     with harness.client() as client:
         assert put_workspace(client, NS, name).status_code in (200, 201)
@@ -117,7 +91,7 @@ def settled(harness, ws: str) -> bool:
 async def test_a_fresh_workspace_boots_in_the_terminal_then_runs_a_shell_on_a_tty(harness):
     create(harness, "fresh")
     async with terminal(harness, "fresh", query={"cols": 100, "rows": 30}) as conn:
-        s = Session(conn)
+        s = TerminalSession(conn, timeout=90)
         await s.until(lambda s: s.frame("session") is not None)
         kinds = [f["type"] for f in s.frames]
         assert kinds.index("status") < kinds.index("started") < kinds.index("session"), kinds
@@ -143,13 +117,13 @@ async def test_a_fresh_workspace_boots_in_the_terminal_then_runs_a_shell_on_a_tt
 
 async def test_a_resumed_session_replays_its_output_and_its_exit_code_ends_it(harness, workspace):
     async with terminal(harness, workspace) as conn:
-        s = Session(conn)
+        s = TerminalSession(conn, timeout=90)
         await s.until(lambda s: s.frame("session") is not None)
         session = s.frame("session")["session"]
         await s.type("MARK=kept-$((6*7)); echo before-drop\r")
         await s.until(lambda s: b"before-drop" in s.screen.replace(b"echo before-drop", b""))
     async with terminal(harness, workspace, query={"session": session}) as conn:
-        s = Session(conn)
+        s = TerminalSession(conn, timeout=90)
         await s.until(lambda s: s.frame("session") is not None and b"before-drop" in s.screen)
         assert s.frame("session") == {**s.frame("session"), "session": session, "resumed": True}
         await s.type("echo $MARK; exit 3\r")
@@ -164,7 +138,7 @@ async def test_resuming_a_session_that_is_gone_says_so_in_the_socket(harness, wo
     # well-formed but unknown: the upgrade is answered first (a boot reports its progress in the terminal), so the
     # supervisor's refusal (HTTP 404 to the object's upgrade) comes as an error frame, then a policy close
     async with terminal(harness, workspace, query={"session": "0" * 32}) as conn:
-        s = Session(conn)
+        s = TerminalSession(conn, timeout=90)
         await s.until(lambda s: s.frame("error") is not None)
         assert s.frame("error")["code"] == "session_not_found" and s.frame("session") is None
         await conn.wait_closed()
@@ -178,7 +152,7 @@ async def test_a_browser_sends_its_credential_as_a_subprotocol_and_it_is_never_e
     async with terminal(harness, workspace, subprotocols=["flarebox", f"flarebox.bearer.{encoded}"]) as conn:
         assert conn.subprotocol == "flarebox"
         assert conn.response.headers["sec-websocket-protocol"] == "flarebox"
-        s = Session(conn)
+        s = TerminalSession(conn, timeout=90)
         await s.until(lambda s: s.frame("session") is not None)
         await s.type("exit 0\r")
         await s.until(lambda s: s.frame("exit") is not None)
@@ -220,7 +194,7 @@ async def test_a_connected_terminal_keeps_its_object_in_memory_until_a_deploy_cu
     # object and cuts the socket (1006), and the session, which lives in the container, is resumed from the new one
     name = object_name(workspace)
     async with terminal(harness, workspace) as conn:
-        s = Session(conn)
+        s = TerminalSession(conn, timeout=90)
         await s.until(lambda s: s.frame("session") is not None)
         session = s.frame("session")["session"]
         generation = harness.container(name)["object"]["generation"]
@@ -233,7 +207,7 @@ async def test_a_connected_terminal_keeps_its_object_in_memory_until_a_deploy_cu
         assert conn.close_code == 1006
     assert harness.container(name)["object"]["generation"] == generation + 1
     async with terminal(harness, workspace, query={"session": session}) as conn:
-        s = Session(conn)
+        s = TerminalSession(conn, timeout=90)
         await s.until(lambda s: s.frame("session") is not None and b"still-5" in s.screen)
         assert s.frame("session")["resumed"] is True
         await s.type("exit 0\r")

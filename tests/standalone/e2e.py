@@ -1,5 +1,6 @@
 """Helpers for the end-to-end tests: exec over raw HTTP (httpx), finding a workspace's sandbox processes, polling."""
 
+import asyncio
 import hashlib
 import json
 import os
@@ -319,3 +320,30 @@ def tmpfs_at(path: Path, size: str):
         yield resize
     finally:
         subprocess.run(["umount", "-l", str(path)], check=False, capture_output=True)
+
+
+class TerminalSession:
+    """One terminal WebSocket (GET W/pty): text frames parsed into `frames`, binary frames gathered into `screen`."""
+
+    def __init__(self, conn, timeout: float = 30):
+        self.conn = conn
+        self.timeout = timeout
+        self.frames: list[dict] = []
+        self.screen = b""
+
+    async def until(self, predicate, timeout: float | None = None) -> None:
+        async def wait() -> None:
+            while not predicate(self):
+                message = await self.conn.recv()
+                if isinstance(message, bytes):
+                    self.screen += message
+                else:
+                    self.frames.append(json.loads(message))
+
+        await asyncio.wait_for(wait(), timeout or self.timeout)
+
+    def frame(self, kind: str) -> dict | None:
+        return next((f for f in self.frames if f["type"] == kind), None)
+
+    async def type(self, text: str) -> None:
+        await self.conn.send(text.encode())

@@ -8,7 +8,7 @@ import json
 import shutil
 
 import pytest
-from e2e import put_workspace, run_ok, ws_url
+from e2e import TerminalSession, put_workspace, run_ok, ws_url
 from websockets.asyncio.client import connect
 from websockets.exceptions import InvalidStatus
 
@@ -26,32 +26,6 @@ def auth(server) -> dict:
     return {"Authorization": f"Bearer {server.token}"}
 
 
-class Session:
-    """One connection: text frames parsed, binary frames gathered into `screen`."""
-
-    def __init__(self, conn):
-        self.conn = conn
-        self.frames: list[dict] = []
-        self.screen = b""
-
-    async def until(self, predicate, timeout: float = 30):
-        async def wait():
-            while not predicate(self):
-                message = await self.conn.recv()
-                if isinstance(message, bytes):
-                    self.screen += message
-                else:
-                    self.frames.append(json.loads(message))
-
-        await asyncio.wait_for(wait(), timeout)
-
-    def frame(self, kind: str) -> dict | None:
-        return next((f for f in self.frames if f["type"] == kind), None)
-
-    async def type(self, text: str) -> None:
-        await self.conn.send(text.encode())
-
-
 @pytest.fixture(scope="module")
 def workspace(server):
     with server.client() as client:
@@ -63,7 +37,7 @@ async def test_a_fresh_workspace_boots_in_the_terminal_then_runs_a_shell_on_a_tt
     with server.client() as client:
         assert put_workspace(client, NS, "fresh").status_code in (200, 201)
     async with connect(pty_url(server, "fresh", cols=100, rows=30), additional_headers=auth(server)) as conn:
-        s = Session(conn)
+        s = TerminalSession(conn)
         await s.until(lambda s: s.frame("session") is not None)
         kinds = [f["type"] for f in s.frames]
         assert kinds.index("status") < kinds.index("started") < kinds.index("session"), kinds
@@ -79,13 +53,13 @@ async def test_a_fresh_workspace_boots_in_the_terminal_then_runs_a_shell_on_a_tt
 
 async def test_a_resumed_session_replays_its_output_and_keeps_its_shell(server, workspace):
     async with connect(pty_url(server, workspace), additional_headers=auth(server)) as conn:
-        s = Session(conn)
+        s = TerminalSession(conn)
         await s.until(lambda s: s.frame("session") is not None)
         session = s.frame("session")["session"]
         await s.type("MARK=kept-$((6*7)); echo before-drop\r")
         await s.until(lambda s: b"before-drop" in s.screen.replace(b"echo before-drop", b""))
     async with connect(pty_url(server, workspace, session=session), additional_headers=auth(server)) as conn:
-        s = Session(conn)
+        s = TerminalSession(conn)
         await s.until(lambda s: s.frame("session") is not None and b"before-drop" in s.screen)
         assert s.frame("session") == {**s.frame("session"), "session": session, "resumed": True}
         await s.type("echo $MARK; exit 7\r")
@@ -93,7 +67,7 @@ async def test_a_resumed_session_replays_its_output_and_keeps_its_shell(server, 
         assert b"kept-42" in s.screen and s.frame("exit")["exit_code"] == 7
     # the shell exited: the session is gone — said in the socket (the upgrade was answered before the boot)
     async with connect(pty_url(server, workspace, session=session), additional_headers=auth(server)) as conn:
-        s = Session(conn)
+        s = TerminalSession(conn)
         await s.until(lambda s: s.frame("error") is not None)
         assert s.frame("error")["code"] == "session_not_found" and s.frame("session") is None
         await conn.wait_closed()
@@ -104,7 +78,7 @@ async def test_a_browser_sends_its_credential_as_a_subprotocol_and_it_is_never_e
     encoded = base64.urlsafe_b64encode(server.token.encode()).decode().rstrip("=")
     async with connect(pty_url(server, workspace), subprotocols=["flarebox", f"flarebox.bearer.{encoded}"]) as conn:
         assert conn.subprotocol == "flarebox"
-        s = Session(conn)
+        s = TerminalSession(conn)
         await s.until(lambda s: s.frame("session") is not None)
         await s.type("exit 0\r")
         await s.until(lambda s: s.frame("exit") is not None)
@@ -146,7 +120,7 @@ async def test_an_unknown_workspace_is_refused_before_the_upgrade(server):
 
 async def test_ctrl_c_reaches_the_remote_command_and_the_shell_goes_on(server, workspace):
     async with connect(pty_url(server, workspace), additional_headers=auth(server)) as conn:
-        s = Session(conn)
+        s = TerminalSession(conn)
         await s.until(lambda s: s.frame("session") is not None)
         await s.type("sleep 100; echo slept\r")
         await asyncio.sleep(0.5)
