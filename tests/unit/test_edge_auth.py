@@ -1,5 +1,6 @@
 """Auth runs first on every route: 503 without a usable secret, 401 for a wrong token, nothing read before."""
 
+import base64
 import hashlib
 import json
 
@@ -103,3 +104,22 @@ async def test_health_starts_nothing():
     edge, workspaces = make_edge(TOKEN)
     resp = await edge.handle(EdgeRequest("GET", "/v1/health", "", auth()))
     assert resp.status == 200 and workspaces.calls == []
+
+
+def _subprotocols(*offered: str) -> dict[str, str]:
+    return {"sec-websocket-protocol": ", ".join(offered)}
+
+
+def test_a_websocket_may_carry_its_credential_as_a_subprotocol_and_nothing_else_may():
+    encoded = base64.urlsafe_b64encode(TOKEN.encode()).decode().rstrip("=")
+    offered = _subprotocols("flarebox", f"flarebox.bearer.{encoded}")
+    assert auth_module.credential(offered, websocket=True) == TOKEN
+    # an ordinary request never reads it: the header is the only credential there
+    assert auth_module.credential(offered, websocket=False) == ""
+    # the Authorization header wins when both are sent
+    both = {**offered, "authorization": "Bearer other-credential"}
+    assert auth_module.credential(both, websocket=True) == "other-credential"
+    # not base64url of UTF-8, or no bearer subprotocol at all: no credential (then 401, never a 500)
+    assert auth_module.credential(_subprotocols("flarebox.bearer.%%%"), websocket=True) == ""
+    assert auth_module.credential(_subprotocols("flarebox.bearer._w"), websocket=True) == ""  # 0xff: not UTF-8
+    assert auth_module.credential(_subprotocols("flarebox"), websocket=True) == ""
