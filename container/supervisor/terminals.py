@@ -33,7 +33,7 @@ from protocol import limits
 from protocol.errors import ProtocolError
 from protocol.pty import parse_control_frame, parse_pty_query
 
-_QUERY = frozenset({"cols", "rows", "session"})
+_QUERY = frozenset({"cols", "rows", "session", "offset"})
 _READ_SIZE = 64 * 1024
 # After the shell exits, background jobs may still hold the pty: relay their output until it is quiet this long (or
 # at most _DRAIN_MAX_SECONDS), then end the session. Without such jobs the pty reports EIO at once.
@@ -118,6 +118,7 @@ class Session:
         self._on_end = on_end
         self._loop = asyncio.get_running_loop()
         self._scrollback = bytearray()
+        self._total = 0  # bytes of output so far: the scrollback is its last len(_scrollback)
         self._ws: web.WebSocketResponse | None = None  # the client, if any...
         self._farewell: asyncio.Future | None = None  # ...and how its handler learns to close it (with which frame)
         self._send_lock = asyncio.Lock()  # output, scrollback and the client change together, in order
@@ -149,10 +150,16 @@ class Session:
     # -- clients ---------------------------------------------------------------------------------------------------
 
     async def attach(
-        self, ws: web.WebSocketResponse, farewell: asyncio.Future, resumed: bool, size: tuple[int, int] | None
+        self,
+        ws: web.WebSocketResponse,
+        farewell: asyncio.Future,
+        resumed: bool,
+        size: tuple[int, int] | None,
+        offset: int | None = None,
     ) -> bool:
         """Make `ws` the session's client, detaching any other; False if the session ended meanwhile. The session
-        ends a client by setting its `farewell` to the last frame it gets (its handler then closes it)."""
+        ends a client by setting its `farewell` to the last frame it gets (its handler then closes it). The replay
+        starts at `offset` (what the client already has) or at the scrollback's start, whichever is later."""
         self._dismiss()  # before the lock too: the output pump may hold it, waiting on that client's send
         async with self._send_lock:
             if self.ended:
@@ -162,11 +169,13 @@ class Session:
                 self._resize(*size)
             self._ws, self._farewell = ws, farewell
             self._cancel_linger()
+            kept_from = self._total - len(self._scrollback)
+            since = kept_from if offset is None else min(max(offset, kept_from), self._total)
             frame = {"type": "session", "session": self.id, "resumed": resumed, "cols": self.cols, "rows": self.rows}
-            await ws.send_json(frame)
+            await ws.send_json({**frame, "offset": since})
             # a new session's first prompt may already be here: it is sent the same way as a resumed one's history
-            if self._scrollback:
-                await ws.send_bytes(bytes(self._scrollback))
+            if since < self._total:
+                await ws.send_bytes(bytes(self._scrollback[since - kept_from :]))
         return True
 
     def detach(self, ws: web.WebSocketResponse) -> None:
@@ -249,6 +258,7 @@ class Session:
     async def _output(self, data: bytes) -> None:
         async with self._send_lock:
             self._scrollback += data
+            self._total += len(data)
             if len(self._scrollback) > limits.PTY_SCROLLBACK_BYTES:
                 del self._scrollback[: -limits.PTY_SCROLLBACK_BYTES]
             ws = self._ws
@@ -419,10 +429,12 @@ async def _relay_input(ws: web.WebSocketResponse, session: Session) -> None:
         pass  # the client went away: it only detaches
 
 
-async def _serve(ws: web.WebSocketResponse, session: Session, resumed: bool, size) -> asyncio.Future:
+async def _serve(
+    ws: web.WebSocketResponse, session: Session, resumed: bool, size, offset: int | None = None
+) -> asyncio.Future:
     """Attach and relay until the client closes or the session lets go of it; the farewell (maybe still unset)."""
     farewell = asyncio.get_running_loop().create_future()
-    if not await session.attach(ws, farewell, resumed, size):
+    if not await session.attach(ws, farewell, resumed, size, offset):
         farewell.set_result(_error_frame(ProtocolError("session_not_found")))
         return farewell
     relay = asyncio.ensure_future(_relay_input(ws, session))
@@ -457,7 +469,7 @@ async def open_pty(request: web.Request) -> web.StreamResponse:
         size = _requested_size(request, query.cols, query.rows, session)
     await ws.prepare(request)  # from here on a failure is a frame, no longer an HTTP answer
     try:
-        farewell = await _serve(ws, session, query.session is not None, size)
+        farewell = await _serve(ws, session, query.session is not None, size, query.offset)
     except ConnectionError:
         return ws  # the client went away while attaching: it only detaches
     finally:

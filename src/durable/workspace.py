@@ -642,7 +642,7 @@ class Workspace:
         with self._in_flight:
 
             async def connect() -> Socket:
-                q = supervisor_client.query(session=args.session, cols=args.cols, rows=args.rows)
+                q = supervisor_client.query(session=args.session, cols=args.cols, rows=args.rows, offset=args.offset)
                 return await self.container.connect(f"/pty?{q}")
 
             try:

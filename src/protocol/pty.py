@@ -1,7 +1,8 @@
 """Validation of terminal sessions (GET …/pty): the query that opens or resumes one and the control frames.
 
 A PTY WebSocket carries terminal bytes in binary frames both ways and control as small JSON text frames: the client
-sends `{"type": "resize", "cols", "rows"}`; the server sends `session` (the id, and whether it resumed), the boot's
+sends `{"type": "resize", "cols", "rows"}`; the server sends `session` (the id, whether it resumed, and the output
+offset of the byte that follows it), the boot's
 `status`/`started` events (as exec's), `exit` (the shell's exit code) and `error` (a protocol error code). No
 runtime imports.
 """
@@ -12,6 +13,7 @@ from dataclasses import dataclass
 
 from protocol import limits
 from protocol.errors import ProtocolError
+from protocol.validate import validate_offset
 
 _SESSION_ID = re.compile(r"[0-9a-f]{32}")
 MAX_CONTROL_FRAME_BYTES = 1024
@@ -22,6 +24,9 @@ class PtyRequest:
     session: str | None = None  # None: a new session; else one to resume (session_not_found when it is gone)
     cols: int = limits.DEFAULT_PTY_COLS
     rows: int = limits.DEFAULT_PTY_ROWS
+    # a resume: the client has the session's output up to this byte offset, so the replay starts there (None: the
+    # whole scrollback)
+    offset: int | None = None
 
 
 def _size(value: str | None, what: str, default: int) -> int:
@@ -39,11 +44,14 @@ def validate_session_id(value: object) -> str:
 
 
 def parse_pty_query(query: dict[str, str]) -> PtyRequest:
-    """The query of GET …/pty (cols, rows, session), every parameter already known to be one of those."""
+    """The query of GET …/pty (cols, rows, session, offset), every parameter already known to be one of those."""
     session = validate_session_id(query["session"]) if "session" in query else None
     cols = _size(query.get("cols"), "cols", limits.DEFAULT_PTY_COLS)
     rows = _size(query.get("rows"), "rows", limits.DEFAULT_PTY_ROWS)
-    return PtyRequest(session, cols, rows)
+    offset = validate_offset(query["offset"]) if "offset" in query else None
+    if offset is not None and session is None:
+        raise ProtocolError("invalid_query", "offset resumes a session: send it with session")
+    return PtyRequest(session, cols, rows, offset)
 
 
 def parse_control_frame(text: str) -> tuple[int, int]:

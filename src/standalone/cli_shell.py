@@ -3,7 +3,8 @@
 The local terminal goes into raw mode (every key, Ctrl-C included, goes to the remote shell) and is restored on every
 way out: the remote shell's exit, an error, a signal. Window resizes are followed (SIGWINCH → a resize frame). The
 remote shell's exit code becomes this command's. A dropped connection prints one clear line and resumes the same
-session (its scrollback is replayed, so nothing printed meanwhile is lost) for up to RECONNECT_SECONDS.
+session for up to RECONNECT_SECONDS, asking for the output from the byte offset this terminal has shown: what the
+shell printed meanwhile comes, nothing twice.
 
 The protocol is the PTY WebSocket (docs/protocol.md §6.30): binary frames are terminal bytes, text frames JSON
 control. Progress while the workspace boots and flarebox's own lines go to stderr as `[flarebox] …`.
@@ -133,7 +134,9 @@ def _refusal(exc: InvalidStatus) -> _Refused:
 async def _attach(endpoint: str, token: str, ns: str, ws: str, term: _Terminal, session: dict) -> int | None:
     """One connection: returns the remote exit code, or None when the connection dropped without one."""
     cols, rows = term.size()
-    query = {"cols": cols, "rows": rows, **({"session": session["id"]} if "id" in session else {})}
+    query: dict = {"cols": cols, "rows": rows}
+    if "id" in session:  # a resume: only what this terminal has not shown yet is replayed
+        query.update(session=session["id"], offset=session["offset"])
     async with connect(
         _ws_url(endpoint, ns, ws, query),
         additional_headers={"Authorization": f"Bearer {token}"},
@@ -186,13 +189,14 @@ async def _receive(conn, session: dict) -> int | None:
         async for message in conn:
             if isinstance(message, bytes):
                 _write_out(message)
+                session["offset"] = session.get("offset", 0) + len(message)
                 continue
             frame = json.loads(message)
             kind = frame.get("type")
             if kind == "session":
                 if frame.get("resumed") and "id" in session:
                     _notice("reconnected")
-                session["id"], session["connected"] = frame["session"], True
+                session["id"], session["connected"], session["offset"] = frame["session"], True, frame["offset"]
             elif kind == "status":
                 _notice(frame.get("message") or frame.get("phase", ""))
             elif kind == "exit":

@@ -241,7 +241,7 @@ async def put_archive(req: EdgeRequest, params: PathParams, settings: Settings) 
 
 
 async def pty(req: EdgeRequest, params: PathParams, settings: Settings) -> PtyRequest:
-    request = parse_pty_query(parse_query(req.query, frozenset({"session", "cols", "rows"})))
+    request = parse_pty_query(parse_query(req.query, frozenset({"session", "cols", "rows", "offset"})))
     if req.socket is None:
         raise ProtocolError("websocket_required")
     return request

@@ -119,7 +119,9 @@ def test_a_dropped_connection_says_so_and_resumes_the_same_session(server, tmp_p
         term.wait_for(r"\[flarebox\] connection lost; reconnecting to session [0-9a-f]{32}…", timeout=30)
         term.wait_for(r"\[flarebox\] reconnected", timeout=30)
         term.type("echo $KEPT")
-        term.wait_for("yes-9")  # the same shell, so the same variables
+        screen = term.wait_for("yes-9")  # the same shell, so the same variables
+        # the resume asked for the output from where this terminal was: nothing shown before the drop comes twice
+        assert screen.splitlines().count("ready") == 1, screen
         term.type("exit 5")
         assert "rc=5" in term.wait_for(r"rc=\d+", timeout=30).splitlines()
     finally:

@@ -219,9 +219,28 @@ async def test_a_resumed_session_replays_its_scrollback_and_keeps_its_state(supe
         "resumed": True,
         "cols": 200,
         "rows": 24,
+        "offset": 0,  # nothing was trimmed yet: the replay is everything from the start
     }
     assert b"before-the-break" in scrollback
     assert b"still-here" in await again.run("echo ${KEPT}")
+
+
+async def test_a_resume_with_an_offset_replays_only_what_came_after_it(supervisor, terms):
+    first = await terms(supervisor, "?cols=200")
+    session_id = (await first.session())["session"]
+    await first.run("echo seen-$((1+1))")
+    await first.until(lambda: len(first.output) > 0)
+    shown = len(first.output)  # every byte this client has: the session frame said offset 0
+    await first.ws.close()
+    again = await terms(supervisor, f"?session={session_id}&offset={shown}")
+    await again.until(lambda: len(again.frames) >= 1)
+    assert again.frames[0][1]["offset"] == shown
+    await again.run("echo after-$((2+2))")
+    assert b"seen-2" not in again.output and b"after-4" in again.output
+    # an offset past the end is the end (a prompt may still have come after what `again` read)
+    later = await terms(supervisor, f"?session={session_id}&offset=999999999")
+    await later.until(lambda: len(later.frames) >= 1)
+    assert shown + len(again.output) <= later.frames[0][1]["offset"] < 999999999
 
 
 async def test_output_is_read_while_detached_and_the_scrollback_keeps_the_newest(supervisor, terms):
