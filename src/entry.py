@@ -4,13 +4,15 @@ directory Durable Object of the deployment (`Directory`: keys, the workspace ind
 Thin glue only: the Worker hands each request to `worker.edge.Edge`, whose workspace and directory stubs are Durable
 Object stubs; the objects host `durable.workspace.Workspace` and `directory.directory.Directory` over the Cloudflare
 adapters in `cloudflare/`.
+
+The Worker's cold start imports only what a request needs: the objects' hosts (`cloudflare.host`,
+`cloudflare.directory_host`, with the workspace and directory code behind them) are imported when an object is
+constructed (tests/cloudflare/test_cold_start_under_pyodide.py holds this; bench/bench_worker.py measures it).
 """
 
 from workers import DurableObject, Response, WorkerEntrypoint
 
 from cloudflare.access import access_gate
-from cloudflare.directory_host import DirectoryHost
-from cloudflare.host import WorkspaceHost
 from cloudflare.settings import env_var, settings_from_env
 from cloudflare.worker_side import DirectoryObjectStub, DurableObjectWorkspaces, edge_request, js_response
 from worker.edge import Edge
@@ -35,6 +37,8 @@ class Default(WorkerEntrypoint):
 class Workspace(DurableObject):
     def __init__(self, ctx, env):
         super().__init__(ctx, env)
+        from cloudflare.host import WorkspaceHost  # here: the object code stays out of the Worker cold start
+
         self.host = WorkspaceHost(self.ctx, self.env)
 
     async def fetch(self, request):
@@ -47,6 +51,8 @@ class Workspace(DurableObject):
 class Directory(DurableObject):
     def __init__(self, ctx, env):
         super().__init__(ctx, env)
+        from cloudflare.directory_host import DirectoryHost  # here, as above
+
         self.host = DirectoryHost(self.ctx, self.env)
 
     async def fetch(self, request):

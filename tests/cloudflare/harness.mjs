@@ -41,8 +41,8 @@ import http from "node:http";
 import path from "node:path";
 import { Readable } from "node:stream";
 import { DatabaseSync } from "node:sqlite";
-import { loadPyodide } from "pyodide";
 import { WebSocket as NodeWebSocket, WebSocketServer } from "ws";
+import { bootPython } from "./pyodide_boot.mjs";
 
 const ROOT = path.resolve(process.env.HARNESS_ROOT);
 const STATE = path.resolve(process.env.HARNESS_STATE);
@@ -1828,31 +1828,11 @@ const env = { ...VARS, WORKSPACE: namespace, DIRECTORY: directories };
 Object.defineProperty(env, "BACKUPS", { get: () => (knobs.backupsBinding ? backups : undefined), enumerable: true });
 
 // ---------------------------------------------------------------------------------------------------------------
-// Python: Pyodide with src/ and the vendored SDK mounted, plus the two modules workerd injects.
+// Python: Pyodide with src/ and the vendored SDK mounted, plus the two modules workerd injects (pyodide_boot.mjs).
 
-const py = await loadPyodide();
-for (const [dir, mount] of [[path.join(ROOT, "src"), "/flarebox/src"], [path.join(ROOT, "python_modules"), "/flarebox/python_modules"]]) {
-  py.FS.mkdirTree(mount);
-  py.FS.mount(py.FS.filesystems.NODEFS, { root: dir }, mount);
-}
-py.registerJsModule("_cloudflare_compat_flags", {
-  python_workflows_implicit_dependencies: false,
-  python_request_headers_preserve_commas: true,
-});
-py.registerJsModule("_pyodide_entrypoint_helper", {
-  cloudflareWorkersModule: { env },
-  cloudflareSocketsModule: {},
-  doAnImport: async (name) => {
-    throw new Error(`harness: no module ${name}`);
-  },
-  patchWaitUntil() {},
-  *patch_env_helper() {
-    yield;
-  },
-});
+const py = await bootPython(ROOT, env);
 py.runPython(`
-import sys, logging
-sys.path[:0] = ["/flarebox/src", "/flarebox/python_modules"]
+import logging
 logging.basicConfig(level=logging.INFO, format="py %(name)s %(levelname)s %(message)s")
 `);
 // The WebCrypto cipher on its own (POST /__harness/cipher), so tests can hold it against the standalone one.
