@@ -39,6 +39,9 @@ if [ ! -f "$stamp" ] || [ pyproject.toml -nt "$stamp" ]; then
   .venv/bin/python -m pip install -q -e ".[$extra]"
   touch "$stamp"
 fi
+# Every sandbox runs the supervisor with -B (it cannot write next to its read-only sources), so without these it
+# would compile them from source at every start (~40 ms and 2 MB each); stale ones are recompiled, never trusted.
+.venv/bin/python -m compileall -q container/supervisor src/protocol >/dev/null
 if [ "$mode" != dev ] && [ -f package.json ] && [ ! -f "$widget" ]; then
   omit=(--omit=dev --omit=optional)  # the runtime needs the widget alone...
   [ -d node_modules/wrangler ] && omit=()  # ...but a dev checkout keeps its Cloudflare tooling

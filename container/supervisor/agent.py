@@ -9,6 +9,7 @@ per operation instead of a fork per file. When the supervisor is unprivileged, t
 
 import array
 import asyncio
+import gc
 import json
 import os
 import socket
@@ -41,6 +42,7 @@ class FileAgent:
 
     def _spawn(self) -> None:
         parent, child = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        gc.freeze()  # the agent shares the supervisor's pages: no collection may touch (and so copy) them
         pid = os.fork()
         if pid == 0:  # the agent
             status = 1

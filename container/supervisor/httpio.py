@@ -2,7 +2,7 @@
 
 from aiohttp import web
 
-from flarebox_supervisor.stream import follow
+from flarebox_supervisor.stream import Final, follow
 from protocol import limits
 from protocol.errors import ProtocolError
 from protocol.validate import parse_json_object
@@ -33,13 +33,19 @@ def no_query(request: web.Request, allowed: frozenset = frozenset()) -> None:
 
 
 async def stream_journal(request: web.Request, journal, offset: int) -> web.StreamResponse:
-    """Follow a journal (or a service's log) from `offset` as NDJSON until its terminal event."""
+    """Follow a journal (or a service's log) from `offset` as NDJSON until its terminal event.
+
+    The head goes out at once (the client parses it while the command runs); the terminal event goes out with the
+    end of the body, in one write."""
     response = web.StreamResponse(headers={"Content-Type": "application/x-ndjson", "Cache-Control": "no-store"})
     await response.prepare(request)
     try:
         async for chunk in follow(journal, offset, request.app["settings"].heartbeat_seconds):
-            await response.write(chunk)
-        await response.write_eof()
+            if isinstance(chunk, Final):
+                await response.write_eof(chunk)
+            else:
+                await response.write(chunk)
+        await response.write_eof()  # a no-op after the terminal event
     except ConnectionResetError:
         pass  # the client went away; what it followed keeps running and can be followed again from an offset
     return response

@@ -9,6 +9,7 @@ is discarded.
 import asyncio
 import codecs
 import fcntl
+import mmap
 import os
 import time
 from collections.abc import Callable
@@ -19,7 +20,9 @@ from flarebox_supervisor.journal import Journal
 # no test can tell 1 MiB from a little less, so the size is not mutated)
 _PIPE_SIZE = 1024 * 1024  # pragma: no mutate
 # One read buffer for every pipe: reads happen in event-loop callbacks and are decoded at once, so they never overlap.
-_BUFFER = bytearray(_PIPE_SIZE)
+# Anonymous memory, not a bytearray (which is zero-filled, so resident at once): a page is only held once a read has
+# filled it, so an idle sandbox does not carry the whole megabyte.
+_BUFFER = mmap.mmap(-1, _PIPE_SIZE)
 _VIEW = memoryview(_BUFFER)
 
 

@@ -12,6 +12,8 @@ itself refuses a signal to anything else. Pid reuse cannot redirect it: a pidfd 
 checked through /proc, and the signal is sent on the pidfd, which fails if the checked process is gone.
 """
 
+from __future__ import annotations
+
 import asyncio
 import errno
 import json
@@ -19,13 +21,15 @@ import os
 import signal
 from dataclasses import dataclass
 from datetime import UTC, datetime
+from typing import TYPE_CHECKING
 
-from aiohttp import web
-
-from flarebox_supervisor.httpio import no_query, read_json
-from flarebox_supervisor.runner import Command
 from protocol.errors import ProtocolError
 from protocol.files import SIGNALS, parse_signal_request, validate_pid
+
+if TYPE_CHECKING:  # the file agent imports this module for signal_process; it must not load aiohttp (agent.py)
+    from aiohttp import web
+
+    from flarebox_supervisor.runner import Command
 
 MAX_PROCESSES = 4096  # processes one listing shows at most (lowest pids first)...
 COMMAND_BYTES = 4096  # ...each command line cut to this many UTF-8 bytes (then "command_truncated": true)...
@@ -284,6 +288,10 @@ def describe_command(command: Command) -> dict:
 
 
 async def get_processes(request: web.Request) -> web.Response:
+    from aiohttp import web
+
+    from flarebox_supervisor.httpio import no_query
+
     no_query(request)
     commands = request.app["registry"].recent()
     listed_commands = Bounded(len(commands), COMMANDS_BUDGET_BYTES)
@@ -362,6 +370,10 @@ AGENT_OPERATIONS = {"signal_process": signal_process}
 
 
 async def post_signal(request: web.Request) -> web.Response:
+    from aiohttp import web
+
+    from flarebox_supervisor.httpio import no_query, read_json
+
     pid = validate_pid(request.match_info["pid"])
     no_query(request)
     body = parse_signal_request(await read_json(request))

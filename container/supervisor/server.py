@@ -1,6 +1,7 @@
 """The supervisor's HTTP routes (docs/protocol.md, "Supervisor API")."""
 
 import asyncio
+import importlib
 import logging
 import os
 import stat
@@ -9,8 +10,6 @@ from aiohttp import web
 
 from flarebox_supervisor import (
     __version__,
-    archive,
-    dirarchive,
     filetree,
     port_sockets,
     processes,
@@ -22,6 +21,7 @@ from flarebox_supervisor.httpio import no_query, read_json, stream_journal
 from flarebox_supervisor.identity import Identity
 from flarebox_supervisor.registry import Registry
 from flarebox_supervisor.settings import Settings
+from protocol import limits
 from protocol.errors import ERRORS, ProtocolError, error_body
 from protocol.limits import MAX_BODY_BYTES
 from protocol.validate import parse_exec_request, validate_offset, validate_request_id
@@ -100,12 +100,37 @@ async def sync(request: web.Request) -> web.Response:
 
 
 # --- export / import archives (archive.py does the work in a worker with the sandbox user's rights) ---------------
+# archive.py and dirarchive.py (tarfile, hashing, the tree walker) are imported on the first request that needs them,
+# not at start: most sandboxes never export or import, and every start and every idle sandbox would pay for them.
 
 _RESULT_MAX = 64 * 1024
+_IMPORT_LIMIT_VARS = ("FLAREBOX_MAX_IMPORT_BYTES", "FLAREBOX_MAX_IMPORT_ENTRIES")
+
+
+def _module(name: str):
+    return importlib.import_module(f"flarebox_supervisor.{name}")
+
+
+def _lazy(module: str, name: str):
+    """A route handler that imports its module on its first request."""
+
+    async def handler(request: web.Request) -> web.StreamResponse:
+        return await getattr(_module(module), name)(request)
+
+    return handler
+
+
+def _import_limits() -> tuple[int, int]:
+    """archive.import_limits(), read at start so a bad operator value still stops the supervisor there; without
+    either variable they are the protocol's, and archive.py need not be loaded to say so."""
+    if any(os.environ.get(name) for name in _IMPORT_LIMIT_VARS):
+        return _module("archive").import_limits()
+    return limits.MAX_IMPORT_BYTES, limits.MAX_IMPORT_ENTRIES
 
 
 def _archive_roots(app: web.Application) -> list[tuple[str, str]]:
-    return archive.archive_roots(app["settings"].workdir, app["archive_home"])
+    archive = _module("archive")
+    return archive.archive_roots(app["settings"].workdir, archive.home_dir(app["identity"].home))
 
 
 async def _drain_stderr(proc, keep: bytearray) -> None:
@@ -116,12 +141,13 @@ async def _drain_stderr(proc, keep: bytearray) -> None:
 
 
 async def _finish_worker(proc, stderr_task) -> None:
-    await archive.stop_worker(proc)
+    await _module("archive").stop_worker(proc)
     stderr_task.cancel()
 
 
 async def export_archive(request: web.Request) -> web.StreamResponse:
     no_query(request)
+    archive = _module("archive")
     proc = await archive.start_worker(
         request.app["identity"], "export", _archive_roots(request.app), stdout=asyncio.subprocess.PIPE
     )
@@ -169,6 +195,7 @@ async def import_archive(request: web.Request) -> web.Response:
 
 async def _import(request: web.Request, max_bytes: int, max_entries: int) -> web.Response:
     extra = ["--max-bytes", str(max_bytes), "--max-entries", str(max_entries)]
+    archive = _module("archive")
     proc = await archive.start_worker(
         request.app["identity"],
         "import",
@@ -180,7 +207,8 @@ async def _import(request: web.Request, max_bytes: int, max_entries: int) -> web
     errors = bytearray()
     stderr_task = asyncio.ensure_future(_drain_stderr(proc, errors))
     try:
-        await dirarchive.send_body(request, proc, max_bytes)  # the worker is stopped (finally) if the client leaves
+        # the worker is stopped (finally) if the client leaves
+        await _module("dirarchive").send_body(request, proc, max_bytes)
         answer = b""
         while len(answer) <= _RESULT_MAX and (part := await proc.stdout.read(_RESULT_MAX)):
             answer += part
@@ -199,8 +227,7 @@ def make_app(settings: Settings, identity: Identity, files) -> web.Application:
     app["identity"] = identity
     app["files"] = files
     app["registry"] = Registry(settings, identity)
-    app["archive_home"] = archive.home_dir(identity.home)
-    app["import_limits"] = archive.import_limits()
+    app["import_limits"] = _import_limits()
     app["import_lock"] = asyncio.Lock()
     app.router.add_get("/health", health)
     app.router.add_post("/exec", start_exec)
@@ -214,7 +241,9 @@ def make_app(settings: Settings, identity: Identity, files) -> web.Application:
     services.add_routes(app)
     port_sockets.add_routes(app)
     filetree.add_routes(app)
-    dirarchive.add_routes(app)
+    # dirarchive.add_routes, without importing it
+    app.router.add_get("/files/archive", _lazy("dirarchive", "get_archive"), allow_head=False)  # HEAD = a whole export
+    app.router.add_put("/files/archive", _lazy("dirarchive", "put_archive"))
     processes.add_routes(app)
     terminals.add_routes(app)
 

@@ -19,6 +19,10 @@ _BATCH_CHARS = 64 * limits.MAX_OUTPUT_FRAME_CHARS  # most code points encoded pe
 COALESCE_SECONDS = 0.005
 
 
+class Final(bytes):
+    """The last chunk a follow yields (the terminal event): the HTTP layer sends it with the end of the body."""
+
+
 def encode_frames(text: str, offset: int) -> bytes:
     """Output events for `text`, byte-identical to encode_event(output_event(...)) but without building a dict and
     running the general encoder per frame (this is the hot path when a command prints fast)."""
@@ -43,7 +47,7 @@ async def follow(journal: Journal, offset: int, heartbeat_seconds: float) -> Asy
             position += len(text)
             continue
         if journal.terminal is not None:
-            yield encode_event(journal.terminal)
+            yield Final(encode_event(journal.terminal))
             return
         try:
             await asyncio.wait_for(changed.wait(), heartbeat_seconds)

@@ -44,12 +44,14 @@ class LiveDirs:
 
 @dataclass(frozen=True)
 class SandboxFds:
-    """Descriptors bwrap inherits: generated /etc/passwd and /etc/group, the seccomp filter, the bound socket."""
+    """Descriptors bwrap inherits: generated /etc/passwd and /etc/group, the seccomp filter, the bound socket, and
+    the pipe the supervisor writes one byte to once it listens (`ready`)."""
 
     passwd: int
     group: int
     seccomp: int
     listen: int
+    ready: int | None = None
 
 
 def bwrap_argv(
@@ -102,5 +104,8 @@ def bwrap_argv(
     for key, value in env.items():
         if key != "SANDBOX_API_TOKEN":
             argv += ["--setenv", key, value]
-    argv += ["--", python, *SUPERVISOR, "--listen-fd", str(fds.listen), "--workdir", WORKSPACE]
+    argv += ["--", python, *SUPERVISOR, "--listen-fd", str(fds.listen)]
+    if fds.ready is not None:
+        argv += ["--ready-fd", str(fds.ready)]
+    argv += ["--workdir", WORKSPACE]
     return argv

@@ -20,7 +20,6 @@ Stdlib only, no project imports: it runs with `-I` before anything else is set u
 """
 
 import ctypes
-import ctypes.util
 import fcntl
 import json
 import os
@@ -42,7 +41,9 @@ MS_NOSUID = 0x2
 
 
 def _libc():
-    return ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
+    # the C library Python itself is linked with, already loaded: ctypes.util.find_library would run
+    # `ldconfig -p` (a subprocess, milliseconds) on every sandbox start to find the same file
+    return ctypes.CDLL(None, use_errno=True)
 
 
 def _check(rc: int, what: str) -> None:

@@ -149,3 +149,21 @@ def test_many_requests_on_one_connection(supervisor):
     for i in range(20):
         assert supervisor.exec(f"echo {i}").output == f"{i}\n"
     assert parse_ndjson(supervisor.post_exec({"request_id": new_id(), "command": "true"}).text)[-1]["exit_code"] == 0
+
+
+def test_the_head_of_a_silent_command_is_not_held_back_until_it_ends(supervisor):
+    """The head may wait briefly to go out with the first event, never until the command's end."""
+    request_id = new_id()
+    body = json.dumps({"request_id": request_id, "command": "sleep 30"}).encode()
+    headers = {"Content-Type": "application/json"}
+    with supervisor.stream("POST", "/exec", content=body, headers=headers, timeout=20) as response:
+        assert response.status_code == 200  # the head came while `sleep 30` runs
+        assert supervisor.client.post(f"/exec/{request_id}/cancel").json()["state"] == "cancelled"
+        events = [json.loads(line) for line in response.iter_lines() if line]
+    assert events[-1]["type"] == "exit" and events[-1]["reason"] == "cancelled"
+
+
+def test_a_quick_command_ends_its_stream_with_the_terminal_event(supervisor):
+    result = supervisor.exec("printf x")
+    assert result.output == "x"
+    assert [e["type"] for e in result.events if e["type"] != "heartbeat"] == ["output", "exit"]

@@ -5,6 +5,8 @@ import asyncio
 import errno
 import fcntl
 import os
+import subprocess
+import sys
 
 import pytest
 
@@ -136,3 +138,18 @@ async def test_empty_text_never_reaches_the_journal():
     os.close(write_fd)
     await asyncio.wait_for(pipe.eof.wait(), 1.0)
     assert appended == ["\ufffd"]
+
+
+def test_the_shared_read_buffer_is_not_resident_until_reads_fill_it():
+    """An idle supervisor does not hold the 1 MiB read buffer (a zero-filled bytearray would be resident)."""
+    script = (
+        "import asyncio, codecs, fcntl, mmap\n"
+        "import flarebox_supervisor.journal\n"
+        "def rss():\n"
+        "    return int(open('/proc/self/status').read().split('VmRSS:')[1].split()[0])\n"
+        "before = rss()\n"
+        "import flarebox_supervisor.output\n"
+        "print(rss() - before)\n"
+    )
+    grown_kib = int(subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, check=True).stdout)
+    assert grown_kib < 512

@@ -170,6 +170,11 @@ def test_runs_the_supervisor_on_the_listening_descriptor():
     ]
 
 
+def test_tells_the_supervisor_its_ready_pipe():
+    _, command = parse(build(fds=SandboxFds(passwd=11, group=12, seccomp=13, listen=14, ready=15)))
+    assert command[-6:] == ["--listen-fd", "14", "--ready-fd", "15", "--workdir", "/workspace"]
+
+
 @pytest.mark.parametrize(
     "overrides",
     [{}, {"internet": True}, {"internet": True, "network_args": NET_ARGS}, {"live": STAGED}],
