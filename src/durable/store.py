@@ -22,6 +22,7 @@ _TABLES = ("meta", "snapshots", "ledger")
 class Store:
     def __init__(self, storage: Storage):
         self.sql = storage.sql
+        self._cache: dict[str, str] | None = None
         for statement in _SCHEMA:
             self.sql(statement)
         # True when this construction added snapshots.expires_at_ms to a table made before it existed: its rows'
@@ -40,21 +41,41 @@ class Store:
             self.sql(f"ALTER TABLE {table} ADD COLUMN {column} {kind}")
             return True
 
+    def _meta(self) -> dict[str, str]:
+        """The meta table as stored (JSON text per key), read once: this object is its storage's only user (one
+        Durable Object, one workspace entry), so what it wrote is what is there. Every exec reads and writes a few
+        keys, and on Cloudflare each statement is a call out of Pyodide."""
+        if self._cache is None:
+            self._cache = {row["key"]: row["value"] for row in self.sql("SELECT key, value FROM meta")}
+        return self._cache
+
     def get(self, key: str, default: Any = None) -> Any:
-        rows = self.sql("SELECT value FROM meta WHERE key = ?", key)
-        return json.loads(rows[0]["value"]) if rows else default
+        text = self._meta().get(key)
+        return json.loads(text) if text is not None else default
 
     def put(self, key: str, value: Any) -> None:
+        text = json.dumps(value, separators=(",", ":"))
+        meta = self._meta()
+        if meta.get(key) == text:
+            return  # unchanged: no statement
         self.sql(
             "INSERT INTO meta (key, value) VALUES (?, ?) ON CONFLICT(key) DO UPDATE SET value = excluded.value",
             key,
-            json.dumps(value, separators=(",", ":")),
+            text,
         )
+        meta[key] = text  # only once stored: a failed write leaves the cache as the table is
 
     def delete(self, key: str) -> None:
+        meta = self._meta()
+        if key not in meta:
+            return
         self.sql("DELETE FROM meta WHERE key = ?", key)
+        del meta[key]
 
     def wipe(self) -> None:
         """Forget everything (the tables stay, empty): a deleted workspace leaves no metadata behind."""
-        for table in _TABLES:
-            self.sql(f"DELETE FROM {table}")  # noqa: S608 - fixed table names
+        try:
+            for table in _TABLES:
+                self.sql(f"DELETE FROM {table}")  # noqa: S608 - fixed table names
+        finally:
+            self._cache = None  # read again: what is there now

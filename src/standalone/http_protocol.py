@@ -1,10 +1,11 @@
-"""uvicorn's h11 protocol, with the documented answers for a request head that is too large or malformed, or a
-client too slow.
+"""uvicorn's httptools protocol (llhttp, in C: the server's parser costs a fraction of h11's), with the documented
+answers for a request head that is too large or malformed, or a client too slow.
 
-A request head bigger than h11's buffer limit (serve.MAX_INCOMPLETE_EVENT) never reaches the ASGI app: h11 raises
-"Receive buffer too long" (its status hint is 431) and stock uvicorn answers a plain-text 400 instead. Heads that fit
-the buffer but exceed server.MAX_HEADER_BYTES are refused by the app itself, with the same answer. Any other request
-h11 cannot parse (a header without a value where one is required, a bad request line) is 400 `malformed_request`.
+An unfinished request head may grow to MAX_HEAD_BYTES; past that the client gets 431 `headers_too_large` and the
+connection is closed (stock uvicorn buffers it without bound). Heads that arrive whole but exceed
+server.MAX_HEADER_BYTES are refused by the app itself, with the same answer. Any request llhttp cannot parse (a
+header without a value where one is required, a bad request line) is 400 `malformed_request`, in the protocol's JSON
+shape instead of uvicorn's plain text.
 
 Stock uvicorn also waits for ever for a head that trickles in (its keep-alive timer stops at the first byte) and for
 a body that stops arriving. Here a head must be whole HEAD_SECONDS after the connection (or its previous response)
@@ -17,10 +18,12 @@ edge in front, so these are not wrangler vars).
 import json
 import os
 
-import h11
-from uvicorn.protocols.http.h11_impl import H11Protocol
+from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
 from protocol.errors import ProtocolError
+
+MAX_HEAD_BYTES = 64 * 1024  # an unfinished request head may be this large
+WRITE_BUFFER_BYTES = 1024 * 1024  # an answer's bytes buffered for a slow client before its sender waits
 
 
 def _seconds(name: str, default: float) -> float:
@@ -37,38 +40,79 @@ def _seconds(name: str, default: float) -> float:
 HEAD_SECONDS = _seconds("FLAREBOX_HEAD_TIMEOUT_SECONDS", 30.0)
 BODY_SECONDS = _seconds("FLAREBOX_BODY_TIMEOUT_SECONDS", 60.0)
 
+_REASONS = {400: b"Bad Request", 408: b"Request Timeout", 431: b"Request Header Fields Too Large"}
 
-def _error_bytes(code: str) -> tuple[int, list[tuple[bytes, bytes]], bytes]:
+
+def _error_answer(code: str) -> bytes:
+    """A whole HTTP/1.1 answer carrying the protocol's error `code`, for a connection about to be closed."""
     err = ProtocolError(code)
     body = json.dumps(err.body(), separators=(",", ":")).encode()
-    headers = [
-        (b"content-type", b"application/json"),
-        (b"content-length", str(len(body)).encode()),
-        (b"connection", b"close"),
-    ]
-    return err.status, headers, body
+    return b"HTTP/1.1 %d %b\r\ncontent-type: application/json\r\ncontent-length: %d\r\nconnection: close\r\n\r\n%b" % (
+        err.status,
+        _REASONS[err.status],
+        len(body),
+        body,
+    )
 
 
-class FlareboxH11Protocol(H11Protocol):
+class FlareboxHttpToolsProtocol(HttpToolsProtocol):
     _watchdog = None
 
     def connection_made(self, transport) -> None:
         super().connection_made(transport)
+        # a bulk answer (a file GET) leaves in large pieces: asyncio's default 64 KiB high-water mark would stop
+        # the relay after every piece until the client has read it
+        transport.set_write_buffer_limits(high=WRITE_BUFFER_BYTES)
         self._waiting_since = self._last_byte = self.loop.time()
+        self._in_head = True  # between requests or inside a head: what comes next is (part of) a head
+        self._head_bytes = 0  # bytes of the head being received
         self._watch()
 
     def data_received(self, data: bytes) -> None:
         self._last_byte = self.loop.time()
+        if self._in_head:
+            self._head_bytes += len(data)
         super().data_received(data)
+        if self._in_head and self._head_bytes > MAX_HEAD_BYTES and not self.transport.is_closing():
+            self._refuse("headers_too_large")
+
+    # parser callbacks: where a head ends and the next one begins
+
+    def on_headers_complete(self) -> None:
+        self._in_head = False
+        super().on_headers_complete()
+
+    def on_message_complete(self) -> None:
+        super().on_message_complete()
+        self._in_head, self._head_bytes = True, 0
 
     def on_response_complete(self) -> None:
         super().on_response_complete()
         self._waiting_since = self.loop.time()  # the next head's time starts now
 
+    def handle_websocket_upgrade(self) -> None:
+        self._stop_watching()  # the WebSocket protocol has timers of its own (pings)
+        super().handle_websocket_upgrade()
+
     def connection_lost(self, exc) -> None:
+        self._stop_watching()
+        super().connection_lost(exc)
+
+    def send_400_response(self, msg: str) -> None:
+        """llhttp refused the request: answered in the protocol's own shape, never uvicorn's plain text — a client
+        parses every error the same way."""
+        self._refuse("malformed_request")
+
+    # the deadlines
+
+    def _refuse(self, code: str) -> None:
+        self.transport.write(_error_answer(code))
+        self.transport.close()
+
+    def _stop_watching(self) -> None:
         if self._watchdog is not None:
             self._watchdog.cancel()
-        super().connection_lost(exc)
+            self._watchdog = None
 
     def _watch(self) -> None:
         """One timer per connection, re-armed for the next deadline (not per chunk received)."""
@@ -77,9 +121,10 @@ class FlareboxH11Protocol(H11Protocol):
             return
         now = self.loop.time()
         cycle = self.cycle
-        if self.conn.their_state is h11.IDLE:
+        idle = cycle is None or cycle.response_complete
+        if self._in_head and idle:
             due = self._waiting_since + HEAD_SECONDS
-        elif self.conn.their_state is h11.SEND_BODY and cycle is not None and not cycle.response_complete:
+        elif not self._in_head and cycle is not None and cycle.more_body and not cycle.response_complete:
             if self.flow.read_paused or cycle.waiting_for_100_continue:
                 self._last_byte = now  # the server is not reading: the client is not late
             due = self._last_byte + BODY_SECONDS
@@ -92,26 +137,11 @@ class FlareboxH11Protocol(H11Protocol):
 
     def _time_out(self) -> None:
         cycle = self.cycle
-        if self.conn.their_state is h11.IDLE:
-            if self.conn.trailing_data[0]:  # part of a head came: h11 cannot answer a request it never saw
-                status, headers, body = _error_bytes("request_timeout")
-                head = b"".join(k + b": " + v + b"\r\n" for k, v in headers)
-                self.transport.write(b"HTTP/1.1 %d Request Timeout\r\n%s\r\n%s" % (status, head, body))
+        if self._in_head:
+            if self._head_bytes:  # part of a head came: answered although no request was ever seen whole
+                self.transport.write(_error_answer("request_timeout"))
         elif cycle is not None and not cycle.response_started:
-            status, headers, body = _error_bytes("request_timeout")
             cycle.response_started = cycle.response_complete = cycle.disconnected = True  # the app's answer is moot
-            response = h11.Response(status_code=status, headers=headers, reason=b"Request Timeout")
-            for event in (response, h11.Data(data=body), h11.EndOfMessage()):
-                self.transport.write(self.conn.send(event))
+            self.transport.write(_error_answer("request_timeout"))
             cycle.message_event.set()  # the app's receive() now reports a disconnect
-        self.transport.close()
-
-    def send_400_response(self, msg: str) -> None:
-        """h11 refused the request (malformed HTTP, or a head over its buffer): answered in the protocol's own
-        shape, never uvicorn's plain text — a client parses every error the same way."""
-        buffered, _ = self.conn.trailing_data
-        too_large = len(buffered) > self.config.h11_max_incomplete_event_size
-        status, headers, body = _error_bytes("headers_too_large" if too_large else "malformed_request")
-        for event in (h11.Response(status_code=status, headers=headers), h11.Data(data=body), h11.EndOfMessage()):
-            self.transport.write(self.conn.send(event))
         self.transport.close()

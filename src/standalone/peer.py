@@ -8,9 +8,6 @@ another process, a pid that belongs to another sandbox) fails the connection as 
 
 import socket
 import struct
-from collections.abc import Callable, Iterable
-
-import httpcore
 
 _UCRED = struct.Struct("3i")  # pid, uid, gid
 _MAX_DEPTH = 64  # the sandbox's process tree is shallow; a longer chain is not ours
@@ -38,33 +35,3 @@ def descends_from(pid: int, ancestor: int) -> bool:
         except (OSError, ValueError, IndexError):
             return False
     return False
-
-
-class PeerCheckedBackend(httpcore.AsyncNetworkBackend):
-    """httpcore's default backend, refusing unix-socket peers that `expected()` does not name.
-
-    `expected()` returns (host uid, pid of the sandbox's bwrap) for the sandbox running now, or None."""
-
-    def __init__(self, expected: Callable[[], tuple[int, int] | None]):
-        self._inner = httpcore.AnyIOBackend()
-        self._expected = expected
-
-    async def connect_unix_socket(
-        self, path: str, timeout: float | None = None, socket_options: Iterable | None = None
-    ) -> httpcore.AsyncNetworkStream:
-        stream = await self._inner.connect_unix_socket(path, timeout, socket_options)
-        try:
-            pid, uid, _ = peer_credentials(stream.get_extra_info("socket"))
-            expected = self._expected()
-            if expected is None or uid != expected[0] or not descends_from(pid, expected[1]):
-                raise httpcore.ConnectError(f"the supervisor socket is answered by a stranger (pid {pid}, uid {uid})")
-        except BaseException:
-            await stream.aclose()
-            raise
-        return stream
-
-    async def connect_tcp(self, *args, **kwargs) -> httpcore.AsyncNetworkStream:
-        raise httpcore.ConnectError("the sandbox is reached through its unix socket only")
-
-    async def sleep(self, seconds: float) -> None:
-        await self._inner.sleep(seconds)

@@ -39,13 +39,11 @@ import socket
 import stat
 import subprocess
 import sys
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass
 from functools import cache
 from pathlib import Path
 from typing import Any
-
-import httpx
 
 from durable.ports import ContainerGone, SnapshotInfo, StartSpec
 from protocol import limits
@@ -56,9 +54,9 @@ from standalone.cgroups import Cgroups, SandboxGroup, limits_for
 from standalone.config import IMAGE_BINDS_VAR, ImageBind, parse_image_binds
 from standalone.log_tail import LogTail
 from standalone.network import PrivateNetwork, data_fd, private_network_available
-from standalone.peer import PeerCheckedBackend
 from standalone.sandbox_socket import SupervisorSocket, open_socket
 from standalone.snapshots import SnapshotStore
+from standalone.supervisor_http import Answer, SupervisorConnections
 from standalone.uids import adopt_tree
 from standalone.upstream import PortConnections, PortResponse, open_port_socket
 
@@ -161,17 +159,6 @@ def remove_path(path: Path) -> None:
         os.unlink(path)
 
 
-def _peer_checked_transport(path: str, expected) -> httpx.AsyncHTTPTransport:
-    """httpx over the unix socket at `path`, using a connection only when its peer is the sandbox (peer.py).
-    httpx takes no network backend, so the pool's is swapped; checked here so an httpx upgrade fails loudly."""
-    transport = httpx.AsyncHTTPTransport(uds=path)
-    pool = transport._pool
-    if not hasattr(pool, "_network_backend"):
-        raise RuntimeError("this httpcore version has no pluggable network backend; the peer check needs one")
-    pool._network_backend = PeerCheckedBackend(expected)
-    return transport
-
-
 class SandboxContainer:
     def __init__(
         self,
@@ -204,11 +191,12 @@ class SandboxContainer:
         if len(os.fsencode(self.socket_path)) >= MAX_SOCKET_PATH:
             raise ValueError(f"runtime dir too long for a unix socket path: {self.socket_path}")
         self._proc: subprocess.Popen | None = None
+        self._ready_fd: int | None = None  # read end of the pipe the supervisor writes to once it listens
         self._log: LogTail | None = None
         (Path(runtime_dir) / f"{key}.log").unlink(missing_ok=True)  # a host log file of older versions
         self._group: SandboxGroup | None = None
         self._net: PrivateNetwork | None = None
-        self._client: httpx.AsyncClient | None = None
+        self._client: SupervisorConnections | None = None
         self._port_connections: PortConnections | None = None  # kept-alive upstreams of the running sandbox
         self._shares_host_network = False  # internet on without a private network: its loopback is the host's
         self._lock = asyncio.Lock()
@@ -300,6 +288,7 @@ class SandboxContainer:
         passwd_fd, group_fd = data_fd(passwd), data_fd(group)
         # bound here, listened on by the supervisor (so SO_PEERCRED names it), closed here once it holds a copy
         listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        self._ready_fd, ready_write = os.pipe2(os.O_CLOEXEC)
         self._log = LogTail()
         try:
             listener.bind(str(self.socket_path))
@@ -319,7 +308,9 @@ class SandboxContainer:
                 workspace=self.workspace,
                 internet=spec.enable_internet,
                 system_dirs=host_system_dirs(_SYSTEM_DIRS),
-                fds=SandboxFds(passwd=passwd_fd, group=group_fd, seccomp=seccomp_fd, listen=listener.fileno()),
+                fds=SandboxFds(
+                    passwd=passwd_fd, group=group_fd, seccomp=seccomp_fd, listen=listener.fileno(), ready=ready_write
+                ),
                 network_args=self._net.bwrap_args() if self._net is not None else [],
                 live=live,
                 home=SANDBOX_HOME,
@@ -353,6 +344,7 @@ class SandboxContainer:
                     group_fd,
                     seccomp_fd,
                     listener.fileno(),
+                    ready_write,
                     *(self._net.child_fds() if self._net else ()),
                 ),
                 start_new_session=True,
@@ -362,23 +354,38 @@ class SandboxContainer:
             os.close(passwd_fd)
             os.close(group_fd)
             os.close(seccomp_fd)
+            os.close(ready_write)  # only the sandbox holds it now: EOF here if it dies before listening
             listener.close()
             if self._net is not None:
                 self._net.spawned()
-        self._client = httpx.AsyncClient(
-            transport=_peer_checked_transport(str(self.socket_path), self._expected_peer),
-            base_url="http://sandbox",
-            timeout=_silence_timeout(None),
-        )
+        self._client = SupervisorConnections(str(self.socket_path), self._expected_peer, CONNECT_SECONDS)
 
     def _expected_peer(self) -> tuple[int, int] | None:
         """(host uid, bwrap pid) of the sandbox running now: only its processes may answer on its socket."""
         proc = self._proc
         return (self.host_ids[0], proc.pid) if proc is not None and proc.poll() is None else None
 
+    async def _ready_signal(self, timeout: float) -> None:
+        """Wait until the supervisor says it listens (or the pipe ends: the sandbox died). No polling: /health is
+        then asked once, at the moment it can answer."""
+        fd, self._ready_fd = self._ready_fd, None
+        if fd is None:
+            return
+        loop = asyncio.get_running_loop()
+        signalled = loop.create_future()
+        loop.add_reader(fd, lambda: signalled.done() or signalled.set_result(None))
+        try:
+            await asyncio.wait_for(signalled, timeout)
+        except TimeoutError:
+            pass  # the loop below reports the timeout
+        finally:
+            loop.remove_reader(fd)
+            os.close(fd)
+
     async def _wait_ready(self) -> None:
         loop = asyncio.get_running_loop()
         deadline = loop.time() + self.startup_timeout
+        await self._ready_signal(self.startup_timeout)
         delay = 0.01
         while True:
             if not self.running():
@@ -429,6 +436,9 @@ class SandboxContainer:
         if self._proc is not None and self._proc.poll() is None:
             return
         self._proc = None
+        if self._ready_fd is not None:
+            ready_fd, self._ready_fd = self._ready_fd, None
+            os.close(ready_fd)
         if self._net is not None:
             net, self._net = self._net, None
             await asyncio.to_thread(net.stop)
@@ -437,7 +447,7 @@ class SandboxContainer:
             connections.close()
         if self._client is not None:
             client, self._client = self._client, None
-            await client.aclose()
+            client.close()
         if self._group is not None and self.cgroups is not None:
             group, self._group = self._group, None
             try:
@@ -481,30 +491,8 @@ class SandboxContainer:
         client = self._client
         if client is None or not self.running():
             raise ContainerGone("the sandbox is not running")
-        attempt = _Attempt()
-        request = client.build_request(
-            method,
-            path,
-            content=body,
-            headers=headers,
-            timeout=_silence_timeout(timeout),
-            extensions={"trace": attempt},
-        )
-        try:
-            try:
-                response = await client.send(request, stream=True)
-            except httpx.TransportError as exc:
-                # A pooled connection the supervisor had closed (or was closing) when we used it: once more on a
-                # fresh one when that is safe — the request head never went out whole, or an idempotent GET/HEAD
-                # got no answer on a reused connection.
-                if isinstance(exc, httpx.TimeoutException) or not attempt.safe_to_repeat(method):
-                    raise
-                response = await client.send(request, stream=True)
-        except httpx.TimeoutException as exc:
-            raise ContainerGone(_silent(exc, timeout)) from None
-        except httpx.HTTPError as exc:
-            raise ContainerGone(f"the sandbox cannot be reached: {exc.__class__.__name__}") from None
-        return SandboxResponse(response)
+        answer = await client.request(method, path, headers, body, SILENCE_SECONDS if timeout is None else timeout)
+        return SandboxResponse(answer, read_seconds=timeout)
 
     async def connect(self, path: str) -> SupervisorSocket:
         if self._client is None or not self.running():
@@ -598,41 +586,6 @@ class SandboxContainer:
         await asyncio.to_thread(self.store.delete, self.namespace, self.workspace, snapshot_id)
 
 
-class _Attempt:
-    """httpcore trace hook recording how far a failed request got (httpcore hides a failed write of the request
-    head and reports the read that follows, so the trace is the only evidence)."""
-
-    def __init__(self):
-        self.head_unsent = self.fresh_connection = False
-
-    async def __call__(self, event: str, info: dict) -> None:
-        if event == "http11.send_request_headers.failed":
-            self.head_unsent = True
-        elif event.startswith("connection.connect_"):
-            self.fresh_connection = True
-
-    def safe_to_repeat(self, method: str) -> bool:
-        return self.head_unsent or (method in ("GET", "HEAD") and not self.fresh_connection)
-
-
-def _silence_timeout(timeout: float | None) -> httpx.Timeout:
-    """`timeout` bounds each wait on the socket when given; by default a wait ends after SILENCE_SECONDS of silence
-    (never a total limit: a long command's stream stays open as long as its heartbeats come)."""
-    if timeout is not None:
-        return httpx.Timeout(timeout, connect=CONNECT_SECONDS)
-    return httpx.Timeout(connect=CONNECT_SECONDS, read=SILENCE_SECONDS, write=SILENCE_SECONDS, pool=None)
-
-
-def _silent(exc: httpx.TimeoutException, timeout: float | None) -> str:
-    if isinstance(exc, httpx.ConnectTimeout):
-        return "the sandbox cannot be reached: its supervisor does not accept connections"
-    waited = SILENCE_SECONDS if timeout is None else timeout
-    return (
-        f"the sandbox stopped answering: nothing from its supervisor for {waited:g} s (a healthy one sends a "
-        "heartbeat every 10 s); the command's outcome is unknown — reattach by request id to see it"
-    )
-
-
 # A control answer (health, an error, sync, cancel) must arrive whole within its request's timeout, or this long for
 # a request without one: a drip of bytes, each within the silence timeout, must not hold a request for ever.
 CONTROL_READ_SECONDS = 30.0
@@ -640,27 +593,15 @@ CONTROL_READ_SECONDS = 30.0
 
 class SandboxResponse:
     """The supervisor's answer; `body` streams it and raises ContainerGone if the sandbox dies mid-body.
-    `read_seconds` bounds a whole `read()` (default: the request's timeout, else CONTROL_READ_SECONDS)."""
+    `read_seconds` bounds a whole `read()` (the request's timeout; CONTROL_READ_SECONDS for one without)."""
 
-    def __init__(self, response: httpx.Response, *, read_seconds: float | None = None):
-        self._response = response
-        self.status = response.status_code
-        self.headers = {k.lower(): v for k, v in response.headers.items()}
-        self.header_pairs = [(k.lower(), v) for k, v in response.headers.multi_items()]
-        self.body = self._iterate()
-        self.read_seconds = read_seconds or _request_read_timeout(response) or CONTROL_READ_SECONDS
-
-    async def _iterate(self) -> AsyncIterator[bytes]:
-        try:
-            async for chunk in self._response.aiter_raw():
-                if chunk:
-                    yield chunk
-        except httpx.TimeoutException as exc:
-            raise ContainerGone(_silent(exc, None)) from None
-        except httpx.HTTPError as exc:
-            raise ContainerGone(f"the sandbox stopped while answering: {exc.__class__.__name__}") from None
-        finally:
-            await self._response.aclose()
+    def __init__(self, answer: Answer, *, read_seconds: float | None = None):
+        self._answer = answer
+        self.status = answer.status
+        self.header_pairs = [(k.lower(), v) for k, v in answer.header_pairs]
+        self.headers = dict(self.header_pairs)
+        self.body = answer.chunks()
+        self.read_seconds = read_seconds or CONTROL_READ_SECONDS
 
     async def read(self, limit: int = limits.CONTROL_BODY_BYTES) -> bytes:
         """The whole body, for a control answer; ContainerGone past `limit` bytes or `read_seconds`."""
@@ -687,12 +628,4 @@ class SandboxResponse:
 
     async def aclose(self) -> None:
         await self.body.aclose()
-        await self._response.aclose()
-
-
-def _request_read_timeout(response: httpx.Response) -> float | None:
-    """The per-read timeout the request was sent with (its `timeout`; SILENCE_SECONDS when it gave none)."""
-    try:
-        return response.request.extensions["timeout"]["read"]
-    except (RuntimeError, KeyError, TypeError):  # a response built without a request (tests)
-        return None
+        self._answer.release()  # a body never iterated: its generator's cleanup never ran

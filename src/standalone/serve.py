@@ -19,7 +19,7 @@ from standalone.access import access_gate
 from standalone.cipher import AesGcmCipher, load_or_create_key
 from standalone.clock import AsyncioClock
 from standalone.config import load_settings
-from standalone.http_protocol import FlareboxH11Protocol
+from standalone.http_protocol import FlareboxHttpToolsProtocol
 from standalone.registry import WorkspaceRegistry
 from standalone.sandbox_driver import SandboxDriver
 from standalone.seccomp import SeccompUnavailable
@@ -31,7 +31,6 @@ from worker.edge import Edge
 
 log = logging.getLogger("flarebox.serve")
 
-MAX_INCOMPLETE_EVENT = 64 * 1024  # h11 buffers at most this much of an unfinished request head
 DIRECTORY_FILE = "directory.sqlite3"  # keys, the workspace index and the audit log (directory/)
 GRACEFUL_SECONDS = 3  # open exec streams get this long at shutdown; clients reattach by request id afterwards
 
@@ -112,14 +111,13 @@ def run_server(*, host: str, port: int, data_dir: Path, log_level: str = "info")
         host=host,
         port=port,
         log_level=log_level,
-        http=FlareboxH11Protocol,  # h11, with the documented 431 for heads too big for its buffer
+        http=FlareboxHttpToolsProtocol,  # httptools, with the documented 400, 408 and 431 answers
         # the terminal route's WebSockets; pings every 20 s keep a quiet terminal's connection (and proxies) alive
         ws="websockets-sansio",
         lifespan="on",
         # the caller's address is the connection's: X-Forwarded-For from a loopback client is not believed (the
         # port proxy passes the real one on to services, which must not be told a forged one)
         proxy_headers=False,
-        h11_max_incomplete_event_size=MAX_INCOMPLETE_EVENT,
         timeout_graceful_shutdown=GRACEFUL_SECONDS,
         server_header=False,
         # the access log holds method, path and status only; headers (the token) are never logged

@@ -19,7 +19,7 @@ from e2e import exec_events, output_of, run_ok, terminal, ws_url
 
 from durable.ports import ContainerGone, StartSpec
 from standalone.peer import descends_from, parent_pid
-from standalone.sandbox import _peer_checked_transport
+from standalone.supervisor_http import SupervisorConnections
 
 short_tmp, make_sandbox = fx.short_tmp, fx.make_sandbox
 pytestmark = pytest.mark.timeout(180)
@@ -109,11 +109,9 @@ async def test_the_server_refuses_a_stranger_on_the_socket_path(make_sandbox):
     await sandbox.start(_spec())
     response = await sandbox.fetch("GET", "/health")
     assert response.status == 200 and (await response.json())["ok"] is True
-    await sandbox._client.aclose()  # drop the pooled connection to the real supervisor
+    sandbox._client.close()  # drop the kept connection to the real supervisor
     path = str(sandbox.socket_path)
-    sandbox._client = httpx.AsyncClient(
-        transport=_peer_checked_transport(path, sandbox._expected_peer), base_url="http://sandbox"
-    )
+    sandbox._client = SupervisorConnections(path, sandbox._expected_peer, 10.0)
     os.unlink(sandbox.socket_path)
     stop, accepted = threading.Event(), []
     impostor = _impostor(path, stop, accepted)

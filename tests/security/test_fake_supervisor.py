@@ -19,7 +19,6 @@ import time
 import tracemalloc
 from pathlib import Path
 
-import httpx
 import pytest
 
 from durable import supervisor_client as supervisor
@@ -29,6 +28,7 @@ from protocol.limits import CONTROL_BODY_BYTES
 from standalone import sandbox
 from standalone.sandbox import SandboxContainer, SandboxResponse
 from standalone.snapshots import SnapshotStore
+from standalone.supervisor_http import SupervisorConnections
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -106,8 +106,8 @@ class HostileSupervisor:
 
 
 class HostileContainer:
-    """`Container.fetch` as SandboxContainer does it — same timeouts, same SandboxResponse — over the hostile
-    socket (the container's own client also checks its peer, which this test does not need)."""
+    """`Container.fetch` as SandboxContainer does it — the same client, timeouts and SandboxResponse — over the
+    hostile socket (the container's own client also checks its peer, which this test does not need)."""
 
     def __init__(self, socket_path: Path, read_seconds: float | None = None):
         self.client = _client(socket_path)
@@ -117,18 +117,13 @@ class HostileContainer:
         return True
 
     async def fetch(self, method, path, *, body=None, headers=None, timeout=None) -> SandboxResponse:
-        request = self.client.build_request(
-            method, path, content=body, headers=headers, timeout=sandbox._silence_timeout(timeout)
-        )
-        return SandboxResponse(await self.client.send(request, stream=True), read_seconds=self.read_seconds)
+        wait = sandbox.SILENCE_SECONDS if timeout is None else timeout
+        answer = await self.client.request(method, path, headers, body, wait)
+        return SandboxResponse(answer, read_seconds=self.read_seconds or timeout)
 
 
-def _client(socket_path: Path) -> httpx.AsyncClient:
-    return httpx.AsyncClient(
-        transport=httpx.AsyncHTTPTransport(uds=str(socket_path)),
-        base_url="http://sandbox",
-        timeout=sandbox._silence_timeout(None),
-    )
+def _client(socket_path: Path) -> SupervisorConnections:
+    return SupervisorConnections(str(socket_path), None, sandbox.CONNECT_SECONDS)
 
 
 @pytest.fixture
@@ -173,7 +168,7 @@ async def _attack(container, attack) -> tuple:
         with watched() as seen:
             result = await asyncio.wait_for(attack(container), 30)
     finally:
-        await container.client.aclose()
+        container.client.close()
     return result, seen
 
 
@@ -203,7 +198,7 @@ async def test_the_refusal_says_why(socket_dir):
             with pytest.raises(ContainerGone, match=f"more than {CONTROL_BODY_BYTES} bytes for a control answer"):
                 await asyncio.wait_for(resp.json(), 30)
         finally:
-            await container.client.aclose()
+            container.client.close()
 
 
 @pytest.mark.parametrize("call", sorted(ATTACKS))
@@ -227,7 +222,7 @@ async def test_the_deadline_defaults_to_the_requests_timeout(socket_dir):
             resp = await container.fetch("GET", "/health")
             assert resp.read_seconds == sandbox.CONTROL_READ_SECONDS  # a request without one: 30 s
         finally:
-            await container.client.aclose()
+            container.client.close()
 
 
 async def test_startup_polling_refuses_an_endless_health(socket_dir):
@@ -244,7 +239,7 @@ async def test_startup_polling_refuses_an_endless_health(socket_dir):
             with watched() as seen, pytest.raises(ProtocolError) as err:
                 await asyncio.wait_for(box._wait_ready(), 30)
         finally:
-            await box._client.aclose()
+            box._client.close()
     assert err.value.code == "startup_timeout"
     assert hostile.requests >= 1
     assert_bounded(hostile, seen)

@@ -506,3 +506,31 @@ def test_a_sandbox_sharing_the_hosts_network_is_refused_the_port_proxy(short_tmp
     assert result.returncode == 0, result.stderr.decode(errors="replace")[-3000:]
     report = json.loads(result.stdout.decode().strip().splitlines()[-1])
     assert report["refused"] == "upstream_unavailable" and "network of its own" in report["message"]
+
+
+async def test_start_waits_on_the_ready_pipe_and_leaks_no_descriptor(make_sandbox):
+    """The server learns from a pipe when the supervisor listens (no polling), and holds no end of it after."""
+    sandbox = make_sandbox()
+    await sandbox.start(spec())
+    await sandbox.stop()  # one start and stop first: what the runtime opens once (thread pools, ...) is open now
+    before = sorted(os.listdir("/proc/self/fd"))
+    await sandbox.start(spec())
+    assert sandbox._ready_fd is None  # read, and closed, by start
+    code, out, _ = await run(sandbox, "echo up")
+    assert (code, out) == (0, "up\n")
+    await sandbox.stop()
+    assert sorted(os.listdir("/proc/self/fd")) == before
+
+
+def test_the_launcher_finds_libc_without_running_a_program(monkeypatch):
+    """sandbox_launch.py runs before every sandbox: no `ldconfig -p` (ctypes.util.find_library) on that path."""
+    import subprocess as subprocess_module
+
+    from standalone import sandbox_launch
+
+    def refuse(*args, **kwargs):
+        raise AssertionError(f"the launcher started a program: {args}")
+
+    monkeypatch.setattr(subprocess_module, "Popen", refuse)
+    libc = sandbox_launch._libc()
+    assert libc.unshare and libc.mount and libc.getpid() == os.getpid()

@@ -7,12 +7,12 @@ import socket
 import threading
 import time
 
-import httpx
 import pytest
 
 from durable.ports import ContainerGone
 from standalone.sandbox import SandboxContainer
 from standalone.snapshots import SnapshotStore
+from standalone.supervisor_http import SupervisorConnections
 
 pytestmark = pytest.mark.timeout(30)
 
@@ -65,9 +65,7 @@ class FakeSupervisor:
 def container(tmp_path, monkeypatch):
     box = SandboxContainer("ns", "pool", tmp_path / "live", tmp_path / "run", SnapshotStore(tmp_path / "snaps"))
     monkeypatch.setattr(box, "running", lambda: True)
-    box._client = httpx.AsyncClient(
-        transport=httpx.AsyncHTTPTransport(uds=str(tmp_path / "sv.sock")), base_url="http://sandbox"
-    )
+    box._client = SupervisorConnections(str(tmp_path / "sv.sock"), None, 10.0)
     yield box, str(tmp_path / "sv.sock")
 
 
@@ -78,7 +76,7 @@ async def test_a_request_that_was_never_written_goes_again_on_a_fresh_connection
     # the pooled connection is dead for writing; the POST must not fail because of it
     assert await (await box.fetch("POST", "/exec", body=b"{}")).read() == b"ok"
     assert fake.heads == 2
-    await box._client.aclose()
+    box._client.close()
 
 
 async def test_a_request_that_was_written_is_not_repeated(container):
@@ -89,7 +87,7 @@ async def test_a_request_that_was_written_is_not_repeated(container):
         await box.fetch("POST", "/exec", body=b"{}")
     fake.thread.join()
     assert fake.heads == 2
-    await box._client.aclose()
+    box._client.close()
 
 
 async def test_a_get_without_an_answer_on_a_reused_connection_goes_again(container):
@@ -98,4 +96,4 @@ async def test_a_get_without_an_answer_on_a_reused_connection_goes_again(contain
     assert await (await box.fetch("GET", "/health")).read() == b"ok"
     assert await (await box.fetch("GET", "/files?path=/x")).read() == b"ok"
     assert fake.heads == 3
-    await box._client.aclose()
+    box._client.close()

@@ -1,13 +1,15 @@
 """The persisted record: state machine, ledger bounds, schedule and backoff, over real SQLite."""
 
 import pytest
-from workspace_doubles import RecordingAlarm, rid
+from workspace_doubles import MemoryStorage, RecordingAlarm, rid
 
 from durable.ledger import CANCEL, CANCELLED_EARLY, EXEC, Ledger
 from durable.ports import SnapshotInfo
 from durable.schedule import CHECKPOINT, IDLE, RETRY, Schedule
 from durable.state import STATES, TRANSITIONS, IllegalTransition, WorkspaceState
+from durable.store import Store
 from durable.timefmt import iso_ms
+from protocol.errors import ProtocolError
 
 CONFIG = {"image": "hermes", "instance": "lite", "persistent": True, "cwd": "/workspace"}
 
@@ -181,3 +183,53 @@ def test_retry_backoff_doubles_to_a_cap_and_resets(store):
     assert schedule.next_retry_delay() == 30
     schedule.set_at(RETRY, 1)
     assert schedule.due(1) == {RETRY}
+
+
+# --- the meta table's cache ----------------------------------------------------------------------------------------
+
+
+class CountingStorage(MemoryStorage):
+    """Counts the statements on the meta table; `fail_writes` makes every write to it raise."""
+
+    def __init__(self):
+        super().__init__()
+        self.meta_statements = 0
+        self.fail_writes = False
+
+    def sql(self, query, *params):
+        if " meta" in query and not query.startswith("CREATE"):
+            self.meta_statements += 1
+            if self.fail_writes and not query.startswith("SELECT"):
+                raise ProtocolError("storage_full")
+        return super().sql(query, *params)
+
+
+def test_the_meta_table_is_read_once_and_an_unchanged_value_is_not_written_again():
+    storage = CountingStorage()
+    store = Store(storage)
+    store.put("deadlines", {"idle": 5})
+    store.put("deadlines", {"idle": 5})  # the same value: no statement
+    assert store.get("deadlines") == {"idle": 5} and store.get("missing", 7) == 7
+    store.delete("missing")  # not there: no statement
+    assert storage.meta_statements == 2  # the first read of the table, one write
+    store.get("deadlines")["idle"] = 9  # a caller changing what it got changes nothing stored
+    assert store.get("deadlines") == {"idle": 5}
+    assert Store(storage).get("deadlines") == {"idle": 5}  # and it is really in the table
+
+
+def test_a_failed_write_leaves_the_cache_as_the_table_is():
+    storage = CountingStorage()
+    store = Store(storage)
+    store.put("state", "running")
+    storage.fail_writes = True
+    with pytest.raises(ProtocolError):
+        store.put("state", "saving")
+    with pytest.raises(ProtocolError):
+        store.delete("state")
+    assert store.get("state") == "running" == Store(storage).get("state")
+
+
+def test_wipe_forgets_the_cached_values(store):
+    store.put("state", "running")
+    store.wipe()
+    assert store.get("state") is None
