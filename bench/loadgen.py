@@ -64,9 +64,11 @@ def _free_port() -> int:
 
 
 class Server:
-    """`flarebox serve` in its own session with a temp data dir; stop() ends it and everything it started."""
+    """`flarebox serve` in its own session with a temp data dir; stop() ends it and everything it started.
+    `workers`: its worker processes (`--workers`; 1 is the one process)."""
 
-    def __init__(self, idle_seconds: int):
+    def __init__(self, idle_seconds: int, workers: int = 1):
+        self.workers = workers
         self.root = Path(tempfile.mkdtemp(prefix="fbx-load-", dir="/tmp"))  # noqa: S108 - short socket paths
         self.root.chmod(0o755)
         self.port = _free_port()
@@ -87,6 +89,8 @@ class Server:
             str(self.root / "data"),
             "--log-level",
             "warning",
+            "--workers",
+            str(workers),
         ]
         self.proc = subprocess.Popen(cmd, stdout=self._log, stderr=subprocess.STDOUT, env=env, start_new_session=True)
         deadline = time.monotonic() + 30
@@ -102,9 +106,34 @@ class Server:
             time.sleep(0.05)
 
     def cpu_seconds(self) -> float:
-        """CPU time the server process itself has used (user + system; its sandboxes are other processes)."""
-        fields = Path(f"/proc/{self.proc.pid}/stat").read_text().rsplit(")", 1)[1].split()
-        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+        """CPU time the server's own processes have used (user + system): the one process, or the parent and its
+        worker processes (its direct children; the sandboxes are the workers' children, not counted)."""
+        total = 0
+        for pid in [self.proc.pid, *self._children()]:
+            try:
+                fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+            except OSError:
+                continue
+            total += int(fields[11]) + int(fields[12])
+        return total / os.sysconf("SC_CLK_TCK")
+
+    def _children(self) -> list[int]:
+        """The worker processes: children forked from the server (its own command line; a sandbox's is bwrap's)."""
+        try:
+            own = Path(f"/proc/{self.proc.pid}/cmdline").read_bytes()
+        except OSError:
+            return []
+        kids = []
+        for entry in os.listdir("/proc"):
+            if entry.isdigit():
+                try:
+                    stat = Path(f"/proc/{entry}/stat").read_text()
+                    same = Path(f"/proc/{entry}/cmdline").read_bytes() == own
+                except OSError:
+                    continue
+                if same and int(stat.rsplit(")", 1)[1].split()[1]) == self.proc.pid:
+                    kids.append(int(entry))
+        return kids
 
     def client(self) -> Client:
         return Client(self.url, TOKEN, timeout=120)

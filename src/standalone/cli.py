@@ -94,6 +94,13 @@ def _parser() -> argparse.ArgumentParser:
     serve.add_argument("--port", type=int, default=DEFAULT_PORT, help=f"port (default {DEFAULT_PORT})")
     serve.add_argument("--data-dir", type=Path, default=None, help="where workspaces, snapshots and the token live")
     serve.add_argument("--log-level", default="info", choices=("critical", "error", "warning", "info", "debug"))
+    serve.add_argument(
+        "--workers",
+        default=None,
+        metavar="N",
+        help="worker processes, each owning a share of the workspaces: 1-64, or 0 / auto for one per core "
+        "(else $FLAREBOX_WORKERS, else 1)",
+    )
 
     def client_command(name: str, help_text: str, *, workspace: bool = True) -> argparse.ArgumentParser:
         p = sub.add_parser(name, help=help_text)
@@ -165,7 +172,11 @@ def _main(argv: list[str] | None) -> int:
         from standalone.serve import run_server
 
         return run_server(
-            host=args.host, port=args.port, data_dir=args.data_dir or default_data_dir(), log_level=args.log_level
+            host=args.host,
+            port=args.port,
+            data_dir=args.data_dir or default_data_dir(),
+            log_level=args.log_level,
+            workers=args.workers,
         )
     if args.command == "hermes" and args.action == "host":
         from standalone import hermes_host

@@ -112,8 +112,11 @@ class WorkspaceRegistry:
         stop_container: Callable[[Any], Any] | None = None,
         cipher: Cipher | None = None,
         backups: BackupStore | None = None,
+        owns: Callable[[str, str], bool] | None = None,
     ):
         self.data_dir = Path(data_dir)
+        # with several worker processes (standalone/workers.py), the workspaces this one owns; None: every one
+        self._owns = owns
         self.settings = settings
         self.clock = clock
         self._container_factory = container_factory
@@ -147,6 +150,9 @@ class WorkspaceRegistry:
         key = (namespace, name)
         entry = self._entries.get(key)
         if entry is None:
+            if self._owns is not None and not self._owns(namespace, name):
+                # a workspace lives in one process only: its owner (placement.py); shards.py routes calls there
+                raise RuntimeError(f"{namespace}/{name} belongs to another worker process")
             entry = self._build(namespace, name)
             self._entries[key] = entry
         return entry
@@ -214,14 +220,15 @@ class WorkspaceRegistry:
     # --- server start and stop -------------------------------------------------------------------------------
 
     def known_workspaces(self) -> list[tuple[str, str]]:
-        root = self.data_dir / "workspaces"
-        return sorted((p.parent.parent.name, p.parent.name) for p in root.glob(f"*/*/{STATE_FILE}"))
+        return known_workspaces(self.data_dir)
 
     def rearm_alarms(self) -> int:
         """Re-arm the persisted alarm of every workspace on disk (server start); only workspaces with an alarm are
-        loaded. Returns how many were armed."""
+        loaded; with several workers, only the workspaces this one owns. Returns how many were armed."""
         armed = 0
         for namespace, name in self.known_workspaces():
+            if self._owns is not None and not self._owns(namespace, name):
+                continue  # armed by its owner
             try:
                 if persisted_alarm_at(self.workspace_dir(namespace, name) / STATE_FILE) is None:
                     continue
@@ -249,6 +256,12 @@ class WorkspaceRegistry:
                     log.exception("could not stop the sandbox of %s/%s", entry.namespace, entry.name)
             entry.storage.close()
         self._entries.clear()
+
+
+def known_workspaces(data_dir: Path) -> list[tuple[str, str]]:
+    """Every (namespace, workspace) with a state file under the data dir."""
+    root = Path(data_dir) / "workspaces"
+    return sorted((p.parent.parent.name, p.parent.name) for p in root.glob(f"*/*/{STATE_FILE}"))
 
 
 async def _maybe_await(value: Any) -> Any:

@@ -54,16 +54,49 @@ class OwnUidSandbox(SandboxContainer):
         await super().start(spec)
 
 
+class ServerClaim:
+    """What a server takes once per data dir: a root server's uid range (its host-wide flock) and the private
+    runtime dir. With several worker processes the parent takes it and every worker shares it (workers.py)."""
+
+    def __init__(self, data_dir: Path, uid_claims: Path = CLAIM_DIR):
+        data_dir = Path(data_dir)
+        # first: a range claimed by another server stops the start before anything is made
+        self.uids = UidRange(data_dir, uid_claims) if os.geteuid() == 0 else None
+        self.data_dir = data_dir
+        try:
+            self.runtime_dir = runtime_dir(data_dir)
+        except BaseException:
+            if self.uids is not None:
+                self.uids.close()
+            raise
+
+    def close(self) -> None:
+        """Remove a per-process runtime dir (<data>/run stays) and let go of the uid range."""
+        if self.runtime_dir != self.data_dir / RUN_DIR:
+            shutil.rmtree(self.runtime_dir, ignore_errors=True)
+        if self.uids is not None:
+            self.uids.close()
+
+
 class SandboxDriver:
-    def __init__(self, data_dir: Path, settings: Settings, uid_claims: Path = CLAIM_DIR):
+    def __init__(
+        self, data_dir: Path, settings: Settings, uid_claims: Path = CLAIM_DIR, claim: ServerClaim | None = None
+    ):
+        """`claim`: the one a parent process took for its workers (kept by it); else the driver takes its own."""
         self.data_dir = Path(data_dir)
         self.settings = settings
-        # first: a range claimed by another server stops the start before anything is made
-        self.uids = UidRange(self.data_dir, uid_claims) if os.geteuid() == 0 else None
-        os.close(seccomp.filter_fd())  # no sandbox runs without its filter: fail at start, not at the first exec
-        self.store = SnapshotStore(self.data_dir / "snapshots")
-        self.cgroups, self.limits_report = Cgroups.detect()
-        self.runtime_dir = runtime_dir(self.data_dir)
+        self._own_claim = claim is None
+        self.claim = ServerClaim(self.data_dir, uid_claims) if claim is None else claim
+        self.uids = self.claim.uids
+        try:
+            os.close(seccomp.filter_fd())  # no sandbox runs without its filter: fail at start, not at the first exec
+            self.store = SnapshotStore(self.data_dir / "snapshots")
+            self.cgroups, self.limits_report = Cgroups.detect()
+        except BaseException:
+            if self._own_claim:
+                self.claim.close()
+            raise
+        self.runtime_dir = self.claim.runtime_dir
 
     def make(self, namespace: str, name: str, directory: Path) -> SandboxContainer:
         args = (namespace, name, Path(directory) / ROOT_DIR, self.runtime_dir, self.store)
@@ -78,8 +111,6 @@ class SandboxDriver:
 
     def close(self) -> None:
         """Server exit, after the sandboxes are stopped: remove a per-process runtime dir (<data>/run stays) and let
-        go of the uid range."""
-        if self.runtime_dir != self.data_dir / RUN_DIR:
-            shutil.rmtree(self.runtime_dir, ignore_errors=True)
-        if self.uids is not None:
-            self.uids.close()
+        go of the uid range — unless a parent process holds them for its workers."""
+        if self._own_claim:
+            self.claim.close()

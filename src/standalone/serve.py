@@ -2,12 +2,18 @@
 
 uvicorn handles SIGINT/SIGTERM: it stops accepting, gives open streams a short grace, then runs the ASGI lifespan
 shutdown, where the registry stops the sandboxes (files stay on disk) and closes every SQLite file.
+
+With --workers N (or FLAREBOX_WORKERS) above 1, standalone/workers.py runs N such processes sharing the listening
+socket, each the owner of a share of the workspaces (standalone/placement.py, standalone/shards.py); 1, the default,
+is this one process.
 """
 
 import asyncio
 import logging
+import os
 import signal
 import sys
+from functools import partial
 from pathlib import Path
 
 import uvicorn
@@ -20,8 +26,9 @@ from standalone.cipher import AesGcmCipher, load_or_create_key
 from standalone.clock import AsyncioClock
 from standalone.config import load_settings
 from standalone.http_protocol import FlareboxHttpToolsProtocol
+from standalone.placement import WORKERS_ENV, owner, parse_workers
 from standalone.registry import WorkspaceRegistry
-from standalone.sandbox_driver import SandboxDriver
+from standalone.sandbox_driver import SandboxDriver, ServerClaim
 from standalone.seccomp import SeccompUnavailable
 from standalone.server import FlareboxApp
 from standalone.storage import SqliteStorage
@@ -45,68 +52,71 @@ def _version() -> str:
 
 
 def build_app(
-    data_dir: Path, settings, token: str | None, cipher: Cipher | None = None
+    data_dir: Path,
+    settings,
+    token: str | None,
+    cipher: Cipher | None = None,
+    *,
+    claim: ServerClaim | None = None,
+    shard: tuple[int, int] | None = None,
 ) -> tuple[FlareboxApp, WorkspaceRegistry, SandboxDriver]:
-    driver = SandboxDriver(data_dir, settings)
+    """The app of the one server process, or, with `shard` = (index, workers), of one worker process: its registry
+    builds only the workspaces it owns, and its edge calls every other one at its owner (shards.py). A worker
+    shares its parent's `claim` (the uid range, the runtime dir); the parent indexed the workspaces on disk."""
+    driver = SandboxDriver(data_dir, settings, claim=claim)
     clock = AsyncioClock()
-    registry = WorkspaceRegistry(data_dir, settings, clock, driver.make, driver.stop, cipher)
+    owns = None if shard is None else partial(owns_workspace, shard)
+    registry = WorkspaceRegistry(data_dir, settings, clock, driver.make, driver.stop, cipher, owns=owns)
     directory_storage = SqliteStorage(data_dir / DIRECTORY_FILE, registry.reserve)
     directory = Directory(directory_storage, clock, settings)
-    for namespace, workspace in registry.known_workspaces():
-        directory.adopt(namespace, workspace)
+    sharded = None
+    if shard is None:
+        for namespace, workspace in registry.known_workspaces():
+            directory.adopt(namespace, workspace)
+    else:
+        from standalone.shards import ShardedWorkspaces
+
+        sharded = ShardedWorkspaces(registry, shard[0], shard[1], driver.runtime_dir)
     edge = Edge(
         token=token,
         settings=settings,
-        workspaces=registry,
+        workspaces=registry if sharded is None else sharded,
         directory=directory,
         version=_version(),
         access=access_gate(settings),
     )
 
     async def shutdown() -> None:
+        if sharded is not None:
+            await sharded.close()  # calls from and to the other workers end first
         await registry.shutdown()
         directory_storage.close()
 
-    return FlareboxApp(edge, on_shutdown=shutdown), registry, driver
+    app = FlareboxApp(edge, on_shutdown=shutdown)
+    app.sharded = sharded
+    return app, registry, driver
 
 
-def run_server(*, host: str, port: int, data_dir: Path, log_level: str = "info") -> int:
-    logging.basicConfig(level=log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    # one line per supervisor request is noise (the access log already has one per client request)
-    logging.getLogger("httpx").setLevel(logging.WARNING)
-    data_dir = Path(data_dir).expanduser().resolve()
-    data_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
+def owns_workspace(shard: tuple[int, int], namespace: str, workspace: str) -> bool:
+    return owner(namespace, workspace, shard[1]) == shard[0]
+
+
+def adopt_workspaces(data_dir: Path, settings) -> None:
+    """Index the workspaces found on disk (what build_app does for one process; the parent of workers does it once
+    for all of them, before they start)."""
+    from standalone.registry import known_workspaces
+
+    storage = SqliteStorage(data_dir / DIRECTORY_FILE)
     try:
-        settings = load_settings()
-    except ValueError as err:
-        print(f"flarebox: bad setting: {err}", file=sys.stderr)
-        return 2
-    token = load_or_create_token(data_dir)
-    try:
-        cipher = AesGcmCipher(load_or_create_key(data_dir))  # before anything starts: a bad SECRETS_KEY stops here
-    except ValueError as err:
-        print(f"flarebox: bad setting: {err}", file=sys.stderr)
-        return 2
-    base_url = f"http://{host}:{port}" if ":" not in host else f"http://[{host}]:{port}"
-    try:
-        app, registry, driver = build_app(data_dir, settings, token.value if token.usable else None, cipher)
-    except (UidRangeError, UnsafeDirError, SeccompUnavailable) as err:
-        print(f"flarebox: {err}", file=sys.stderr)
-        return 2
+        directory = Directory(storage, AsyncioClock(), settings)
+        for namespace, workspace in known_workspaces(data_dir):
+            directory.adopt(namespace, workspace)
+    finally:
+        storage.close()
 
-    out = sys.stdout
-    out.write(f"Flarebox {_version()} (protocol 1) — data in {data_dir}\n")
-    if host not in ("127.0.0.1", "::1", "localhost"):
-        out.write(f"Warning: listening on {host} over plain HTTP; put TLS in front before other machines use it.\n")
-    out.write(token_notice(token, base_url, terminal=out.isatty()))  # never the token into a redirected log
-    out.write(f"Instance limits: {driver.limits_report}\n")
-    out.write(
-        f"Idle workspaces are saved after {settings.idle_seconds} s; internet in sandboxes: "
-        f"{network.describe(settings.enable_internet)}.\n"
-    )
-    out.flush()
 
-    config = uvicorn.Config(
+def uvicorn_config(app: FlareboxApp, host: str, port: int, log_level: str) -> uvicorn.Config:
+    return uvicorn.Config(
         app,
         host=host,
         port=port,
@@ -123,6 +133,72 @@ def run_server(*, host: str, port: int, data_dir: Path, log_level: str = "info")
         # the access log holds method, path and status only; headers (the token) are never logged
         access_log=True,
     )
+
+
+def banner(out, data_dir: Path, host: str, token, base_url: str, limits_report: str, settings, workers: int) -> None:
+    out.write(f"Flarebox {_version()} (protocol 1) — data in {data_dir}\n")
+    if host not in ("127.0.0.1", "::1", "localhost"):
+        out.write(f"Warning: listening on {host} over plain HTTP; put TLS in front before other machines use it.\n")
+    out.write(token_notice(token, base_url, terminal=out.isatty()))  # never the token into a redirected log
+    out.write(f"Instance limits: {limits_report}\n")
+    out.write(
+        f"Idle workspaces are saved after {settings.idle_seconds} s; internet in sandboxes: "
+        f"{network.describe(settings.enable_internet)}.\n"
+    )
+    if workers > 1:
+        out.write(f"Worker processes: {workers}, each owning a share of the workspaces.\n")
+    out.flush()
+
+
+def run_server(
+    *, host: str, port: int, data_dir: Path, log_level: str = "info", workers: str | int | None = None
+) -> int:
+    logging.basicConfig(level=log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    # one line per supervisor request is noise (the access log already has one per client request)
+    logging.getLogger("httpx").setLevel(logging.WARNING)
+    data_dir = Path(data_dir).expanduser().resolve()
+    data_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
+    try:
+        settings = load_settings()
+    except ValueError as err:
+        print(f"flarebox: bad setting: {err}", file=sys.stderr)
+        return 2
+    token = load_or_create_token(data_dir)
+    try:
+        cipher = AesGcmCipher(load_or_create_key(data_dir))  # before anything starts: a bad SECRETS_KEY stops here
+    except ValueError as err:
+        print(f"flarebox: bad setting: {err}", file=sys.stderr)
+        return 2
+    try:
+        count = parse_workers(workers if workers is not None else os.environ.get(WORKERS_ENV))
+    except ValueError as err:
+        print(f"flarebox: bad setting: --workers / {WORKERS_ENV}: {err}", file=sys.stderr)
+        return 2
+    base_url = f"http://{host}:{port}" if ":" not in host else f"http://[{host}]:{port}"
+    if count > 1:
+        from standalone.workers import run_workers
+
+        return run_workers(
+            host=host,
+            port=port,
+            data_dir=data_dir,
+            settings=settings,
+            token=token,
+            cipher=cipher,
+            workers=count,
+            log_level=log_level,
+            base_url=base_url,
+        )
+    try:
+        app, registry, driver = build_app(data_dir, settings, token.value if token.usable else None, cipher)
+    except (UidRangeError, UnsafeDirError, SeccompUnavailable) as err:
+        print(f"flarebox: {err}", file=sys.stderr)
+        return 2
+
+    out = sys.stdout
+    banner(out, data_dir, host, token, base_url, driver.limits_report, settings, 1)
+
+    config = uvicorn_config(app, host, port, log_level)
     server = uvicorn.Server(config)
     redact.install(token.value)  # after uvicorn.Config, which set up uvicorn's log handlers
 

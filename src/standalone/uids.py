@@ -6,7 +6,9 @@ and of typical /etc/subuid ranges. The base is kept in `<data>/uid-range`; while
 exclusive flock on `/run/flarebox/uid-ranges/<base>.lock`, so two servers on one host never share a block (the
 kernel drops the lock when the server dies). Index i of the block is host uid base + i; `<data>/uid-next` is the
 next index to hand out (index 0 is never used) and only grows, so an id is never reused, and a workspace keeps its
-id in `<workspace dir>/uid`, which goes with its directory when it is deleted. Stdlib only.
+id in `<workspace dir>/uid`, which goes with its directory when it is deleted. With several worker processes
+(`flarebox serve --workers N`) the parent holds the claim and the workers share it; `<data>/uid-next.lock` (an
+flock held while the counter moves) keeps two workers from handing out one id. Stdlib only.
 """
 
 import contextlib
@@ -24,6 +26,7 @@ RANGE_END = 1 << 31
 CLAIM_DIR = Path("/run/flarebox/uid-ranges")
 RANGE_FILE = "uid-range"
 NEXT_FILE = "uid-next"
+NEXT_LOCK = "uid-next.lock"
 WORKSPACE_FILE = "uid"
 LIVE_DIRS = ("workspace", "home", "tmp")
 FRESH_TRIES = 64
@@ -160,7 +163,7 @@ class UidRange:
     def allocate(self) -> int:
         """A host uid never handed out before; the counter is durable before the id is returned."""
         path = self.data_dir / NEXT_FILE
-        with self._lock:
+        with self._lock, _flocked(self.data_dir / NEXT_LOCK):
             try:
                 index = int(path.read_text().strip()) if os.path.lexists(path) else 1
             except (OSError, ValueError) as err:
@@ -186,6 +189,17 @@ class UidRange:
         uid = self.allocate()
         write_atomic(path, f"{uid}\n")
         return uid
+
+
+@contextlib.contextmanager
+def _flocked(path: Path):
+    """An exclusive flock on `path` (created if needed) for the duration: one process at a time."""
+    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        yield
+    finally:
+        os.close(fd)  # drops the lock
 
 
 def _owned_dir(path: Path, uid: int, gid: int) -> bool:

@@ -281,3 +281,39 @@ def test_an_interrupted_adoption_is_finished_next_time(tmp_path):
     os.chown(root / "workspace", UID, UID)  # crashed after the first top dir
     adopt_tree(root, UID, UID)
     assert owner(root / "tmp" / "f") == (UID, UID) and owner(root / "tmp") == (UID, UID)
+
+
+def test_worker_processes_sharing_the_range_never_hand_out_one_id_twice(data, make_range):
+    """`flarebox serve --workers N`: the parent holds the claim and forked workers allocate from it at once; the
+    flock on uid-next.lock keeps every id unique."""
+    shared = make_range()
+    per_worker = 150
+    readers = []
+    pids = []
+    for _ in range(3):
+        read_fd, write_fd = os.pipe()
+        pid = os.fork()
+        if pid == 0:  # a worker
+            code = 1
+            try:
+                os.close(read_fd)
+                got = [shared.allocate() for _ in range(per_worker)]
+                os.write(write_fd, ",".join(map(str, got)).encode())
+                code = 0
+            finally:
+                os._exit(code)
+        os.close(write_fd)
+        readers.append(read_fd)
+        pids.append(pid)
+    handed: list[int] = []
+    for read_fd in readers:
+        chunks = []
+        while chunk := os.read(read_fd, 65536):
+            chunks.append(chunk)
+        os.close(read_fd)
+        handed += [int(x) for x in b"".join(chunks).decode().split(",")]
+    for pid in pids:
+        assert os.waitpid(pid, 0)[1] == 0
+    assert len(handed) == 3 * per_worker == len(set(handed))
+    assert all(shared.contains(uid) for uid in handed)
+    assert (data / "uid-next").read_text().strip() == str(3 * per_worker + 1)
