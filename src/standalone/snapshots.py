@@ -13,11 +13,16 @@ reaches) keeps there the snapshot file ("snar") that describes the live tree as 
 `<snapshot id>.snar`; the next save of the same tree is then a level-N increment whose manifest names that snapshot
 as its `parent`: it holds the files whose ctime moved since (a ctime cannot be set back by the sandbox) plus, for
 every directory, the list of its entries, so a restore (`tar -G`, extracting each link from the full base up) also
-applies deletions. A restore makes new inodes and ctimes, so the next save would dump everything: the caller
-`track()`s a restored tree (a stat-only walk, `tar -g SNAR -cf /dev/null`) to make it the base again. Chains are
-bounded (MAX_CHAIN links, increments summing to at most half of the base's size), beyond that a save is full.
+applies deletions. `-G` stats every entry of the tree per link, so a save compares its snar's entry lists with its
+parent's and records in the manifest whether it `deletes` anything (a name gone, or turned between directory and
+not); one that does not is extracted without -G, which then has nothing to remove. A restore makes new inodes and
+ctimes, so the next save would dump everything: the caller `track()`s a restored tree (a stat-only walk,
+`tar -g SNAR -cf /dev/null`) to make it the base again. Chains are bounded (MAX_CHAIN links, increments summing to
+at most half of the base's size), beyond that a save is full.
 GNU tar over restic or borg: tar and zstd are already what every snapshot is made with (and on every host), restores
 stay plain streams at tar's speed, and neither of those tools is installed here.
+While zstd writes an archive, what is already hashed is handed to writeback (sync_file_range), so the fsync that
+commits it waits for the tail only.
 
 Two normalisations of the snar (its documented format 2): every directory's device number is set to 0 and tar runs
 with --no-check-device, which turns off tar's directory-rename detection — tar 1.34 replays a detected rename with
@@ -96,6 +101,9 @@ class Manifest:
     parent: str | None = None  # the snapshot this one is an increment of; None for a full save
     level: int = 0  # 0 for a full save, parent's level + 1 for an increment
     deleted: bool = False  # unlisted, its archive kept while a listed snapshot's chain needs it
+    # an increment that removes (or changes the type of) something its parent's tree had: its restore applies its
+    # directory listings (tar -G). Manifests from before this field say nothing and get -G, which is always right
+    deletes: bool = True
 
     def info(self) -> SnapshotInfo:
         return SnapshotInfo(id=self.id, size=self.size, created_at_ms=self.created_at_ms)
@@ -135,14 +143,15 @@ def _is_root() -> bool:
     return os.geteuid() == 0
 
 
-def _write_file(path: Path, data: bytes) -> None:
-    """Create `path` (it must not exist) with `data`, fsynced."""
+def _write_file(path: Path, data: bytes, *, sync: bool = True) -> None:
+    """Create `path` (it must not exist) with `data`, fsynced unless `sync` is False."""
     fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600)
     try:
         view = memoryview(data)
         while view:
             view = view[os.write(fd, view) :]
-        os.fsync(fd)
+        if sync:
+            os.fsync(fd)
     finally:
         os.close(fd)
 
@@ -160,36 +169,73 @@ def _probe_ctime(base_dir: Path, tree: Path) -> int:
     return st.st_ctime_ns - (0 if st.st_dev == os.stat(tree).st_dev else SNAR_MARGIN_NS)
 
 
-def normalize_snar(data: bytes, not_after_ns: int | None = None) -> bytes:
-    """GNU tar's snapshot file, format 2 (header line, then NUL-terminated fields: the dump time, then per directory
-    nfs, mtime s, mtime ns, dev, ino, name, its entries, an empty entry and one more NUL), with every device number
-    set to 0 and the dump time lowered to `not_after_ns` (see the module docstring). ValueError when it is not that
-    format (nothing then gets saved as a base: the next save is full)."""
+def _snar_fields(data: bytes) -> tuple[bytes, list[bytes], list[int]]:
+    """Split a snapshot file of format 2 (header line, then NUL-terminated fields: the dump time, then per directory
+    nfs, mtime s, mtime ns, dev, ino, name, its entries, an empty entry and one more NUL) into its header, its
+    fields and the index of every directory record. ValueError when it is not that format."""
     newline = data.find(b"\n")
     header = data[: newline + 1]
     if newline < 0 or not header.startswith(b"GNU tar-") or not header.endswith(b"-2\n"):
         raise ValueError("not a GNU tar snapshot file of format 2")
     fields = data[newline + 1 :].split(b"\0")
-    if len(fields) < 3 or fields.pop() != b"":
+    if len(fields) < 3 or fields.pop() != b"" or not fields[0].isdigit() or not fields[1].isdigit():
         raise ValueError("truncated snapshot file")
+    records, i, n = [], 2, len(fields)
+    while i < n:
+        if n - i < 6 or not all(f.isdigit() for f in fields[i : i + 5]):
+            raise ValueError("malformed directory record")
+        records.append(i)
+        try:
+            end = fields.index(b"", i + 6)  # entries are never empty: this is the record's end (C speed)
+        except ValueError:
+            raise ValueError("malformed directory record") from None
+        if end + 1 >= n or fields[end + 1] != b"":
+            raise ValueError("malformed directory record")
+        i = end + 2
+    return header, fields, records
+
+
+def normalize_snar(data: bytes, not_after_ns: int | None = None) -> bytes:
+    """GNU tar's snapshot file (see _snar_fields) with every device number set to 0 and the dump time lowered to
+    `not_after_ns` (see the module docstring). ValueError when it is not that format (nothing then gets saved as a
+    base: the next save is full)."""
+    header, fields, records = _snar_fields(data)
     stamp = int(fields[0]) * 1_000_000_000 + int(fields[1])
     stamp = stamp if not_after_ns is None else min(stamp, not_after_ns)
-    out = [str(stamp // 1_000_000_000).encode(), str(stamp % 1_000_000_000).encode()]
-    i = 2
-    while i < len(fields):
-        record = fields[i : i + 6]
-        if len(record) < 6 or not all(f.isdigit() for f in record[:5]):
-            raise ValueError("malformed directory record")
-        out += [*record[:3], b"0", *record[4:]]
-        i += 6
-        while i < len(fields) and fields[i] != b"":
-            out.append(fields[i])
-            i += 1
-        if fields[i : i + 2] != [b"", b""]:
-            raise ValueError("malformed directory record")
-        out += [b"", b""]
-        i += 2
-    return header + b"\0".join(out) + b"\0"
+    fields[0], fields[1] = str(stamp // 1_000_000_000).encode(), str(stamp % 1_000_000_000).encode()
+    for i in records:
+        fields[i + 3] = b"0"
+    return header + b"\0".join(fields) + b"\0"
+
+
+def _snar_listings(data: bytes) -> dict[bytes, list[bytes]]:
+    """Per directory of a snapshot file, its entries (flag and name)."""
+    _header, fields, records = _snar_fields(data)
+    return {fields[i + 5]: fields[i + 6 : fields.index(b"", i + 6)] for i in records}
+
+
+_OTHER_FLAG = re.compile(rb"\0[^0-9.YND\0]")
+
+
+def snar_deletes(parent: bytes, new: bytes) -> bool:
+    """Whether the tree `new` describes lost (or changed between directory and not) anything the tree `parent`
+    describes had. When not, the increment's restore needs no `tar -G`: extracting it over its parent's tree adds
+    and replaces files, which is all it holds (every entry of the parent's tree is in its listings with its kind).
+    True when either does not parse: -G is always right, only slower."""
+    # an entry's flag is Y (saved in this archive), N (unchanged) or D (a directory): Y and N are the same kind.
+    # Only an entry starts with a letter after a NUL (numbers are digits, directory names start with "."), so any
+    # other flag (tar's rename records) shows here: -G then
+    if _OTHER_FLAG.search(parent) or _OTHER_FLAG.search(new):
+        return True
+    try:
+        before, after = (_snar_listings(data.replace(b"\0Y", b"\0N")) for data in (parent, new))
+    except ValueError:
+        return True
+    for directory, entries in before.items():
+        now = after.get(directory)
+        if now is None or (entries != now and not set(entries).issubset(now)):
+            return True
+    return False
 
 
 class SnapshotStore:
@@ -253,6 +299,7 @@ class SnapshotStore:
                 parent=None if parent is None else self._check_id(parent),
                 level=int(raw.get("level", 0)),
                 deleted=bool(raw.get("deleted", False)),
+                deletes=bool(raw.get("deletes", True)),
             )
         except FileNotFoundError:
             return None
@@ -388,7 +435,7 @@ class SnapshotStore:
             try:
                 # an unlisted (deleted) snapshot still serves as a base while its archive is kept
                 chain = self._chain(ws_dir, snapshot_id, listed=False)
-                normalize_snar((base_dir / name).read_bytes())  # parses: not torn by a crash
+                _snar_fields((base_dir / name).read_bytes())  # parses: not torn by a crash
             except (ProtocolError, OSError, ValueError):
                 continue
             increments = sum(m.size for m in chain[1:])
@@ -433,15 +480,21 @@ class SnapshotStore:
             tmp.unlink(missing_ok=True)
 
     @staticmethod
-    def _keep_snar(tmp: Path, base_dir: Path, snapshot_id: str, since_ns: int) -> None:
-        """Normalise the snar tar wrote at `tmp` and make it base_dir's only one, as `<snapshot_id>.snar`."""
-        data = normalize_snar(tmp.read_bytes(), since_ns)
+    def _keep_snar(tmp: Path, base_dir: Path, snapshot_id: str, since_ns: int, raw: bytes | None = None) -> None:
+        """Normalise the snar tar wrote at `tmp` (`raw`, when the caller has read it) and make it base_dir's only
+        one, as `<snapshot_id>.snar`."""
+        data = normalize_snar(tmp.read_bytes() if raw is None else raw, since_ns)
         final = base_dir / (snapshot_id + SNAR_SUFFIX)
         # no fsync: whichever snar a crash leaves is named after the snapshot it describes, and one the crash tore
-        # fails _base's parse (a full save then)
-        with open(tmp, "wb") as f:
-            f.write(data)
-        os.rename(tmp, final)
+        # fails _base's parse (a full save then). A new file, not `tmp` rewritten: ext4 flushes a file truncated to
+        # zero and written again when it is closed (auto_da_alloc), milliseconds an incremental save would wait
+        fresh = base_dir / f"{TMP_PREFIX}{snapshot_id}-{secrets.token_hex(4)}{SNAR_SUFFIX}"
+        try:
+            _write_file(fresh, data, sync=False)
+            os.rename(fresh, final)
+        finally:
+            fresh.unlink(missing_ok=True)
+        tmp.unlink(missing_ok=True)
         for entry in base_dir.iterdir():
             if entry.name.endswith(SNAR_SUFFIX) and entry.name != final.name:
                 entry.unlink(missing_ok=True)
@@ -483,18 +536,24 @@ class SnapshotStore:
         try:
             ws_dir.mkdir(parents=True, exist_ok=True)
             snar_args: list[str] = []
+            parent_snar = b""
             if base_dir is not None:
                 base_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
                 for entry in base_dir.iterdir():  # an earlier save's crash leftovers (saves are serialised)
                     if entry.name.startswith(TMP_PREFIX):
                         entry.unlink(missing_ok=True)
                 if chain:  # tar updates the snar in place: work on a copy, the base stays as it was
-                    shutil.copyfile(base_dir / (chain[-1].id + SNAR_SUFFIX), tmp_snar)
+                    parent_snar = (base_dir / (chain[-1].id + SNAR_SUFFIX)).read_bytes()
+                    _write_file(tmp_snar, parent_snar, sync=False)
                 snar_args = [f"--listed-incremental={tmp_snar}", "--no-check-device"]
                 since = _probe_ctime(base_dir, source)
             size, sha = self._write_archive(source, tmp_archive, snar_args)
             os.rename(tmp_archive, archive)
             parent = chain[-1] if chain else None
+            new_snar = None
+            with contextlib.suppress(OSError):  # (then _keep_snar fails too: the next save is full)
+                new_snar = None if tmp_snar is None else tmp_snar.read_bytes()
+            deletes = parent is not None and (new_snar is None or snar_deletes(parent_snar, new_snar))
             manifest = Manifest(
                 id=snapshot_id,
                 created_at_ms=int(time.time() * 1000),
@@ -503,6 +562,7 @@ class SnapshotStore:
                 format=FORMAT_INCREMENT if parent else FORMAT,
                 parent=parent.id if parent else None,
                 level=parent.level + 1 if parent else 0,
+                deletes=deletes,
             )
             with self._lock:
                 self._write_manifest(ws_dir, manifest)
@@ -517,7 +577,7 @@ class SnapshotStore:
             self._unpin(ws_dir, pins)
         if base_dir is not None:
             try:
-                self._keep_snar(tmp_snar, base_dir, snapshot_id, since)
+                self._keep_snar(tmp_snar, base_dir, snapshot_id, since, new_snar)
             except (OSError, ValueError):
                 # the snapshot is committed; without its snar the next save is merely full
                 with contextlib.suppress(OSError):
@@ -554,11 +614,17 @@ class SnapshotStore:
             _grow_pipe(tar.stdout.fileno())
             tar.stdout.close()  # zstd owns the read end now; tar gets SIGPIPE if zstd dies
             try:
+                flushed = 0
                 while True:
                     finished = zstd.poll() is not None  # before the last read: then nothing more can come
                     while chunk := os.pread(behind, _CHUNK, size):
                         digest.update(chunk)
                         size += len(chunk)
+                    if size - flushed >= _WRITEBACK or (finished and size > flushed):
+                        # start writing what is hashed to the disk now, while zstd compresses the rest: the
+                        # fsync below then waits for the tail only, not for the whole archive
+                        _start_writeback(fd, flushed, size - flushed)
+                        flushed = size
                     if finished:
                         break
                     time.sleep(_FOLLOW_SECONDS)
@@ -694,7 +760,9 @@ class SnapshotStore:
             try:
                 # one tar per link: each run's end applies its symlinks (tar defers them so that no later member
                 # of the same archive is written through one), and the next link's directory listings then
-                # replace what changed type; one tar over the whole chain would apply them all at the very end
+                # replace what changed type; one tar over the whole chain would apply them all at the very end,
+                # and could turn a file a later link put in a deferred symlink's place (the same inode number,
+                # reused) back into that symlink
                 for link in chain:
                     self._extract(ws_dir / (link.id + ARCHIVE_SUFFIX), link, staging, snapshot_id)
                 swap_into_place(staging, target)
@@ -708,9 +776,10 @@ class SnapshotStore:
     def _extract(self, archive: Path, manifest: Manifest, staging: Path, snapshot_id: str) -> None:
         """`zstd -d | tar -x` into `staging` while this thread hashes the same archive in parallel (hashlib drops
         the GIL); the caller only swaps `staging` in when every hash matched and both tools succeeded. `-G` applies
-        an increment's deletions (its directory listings); for a full archive it changes nothing."""
+        an increment's deletions (its directory listings); for a full archive, or an increment that deletes
+        nothing (its manifest says so), it would change nothing but cost a stat of every entry of the tree."""
         tar_cmd = ["tar", "-C", str(staging), "--numeric-owner", "-p", "--delay-directory-restore", *_RECORD, "-B"]
-        if manifest.parent is not None:  # (a full archive goes into an empty directory: nothing to delete)
+        if manifest.parent is not None and manifest.deletes:  # (a full archive goes into an empty directory)
             tar_cmd.append("--listed-incremental=/dev/null")
         tar_cmd += ["-xf", "-"]
         if _is_root():
@@ -782,6 +851,22 @@ def _describe(exc: BaseException) -> str:
 def _is_disk_error(stderr: bytes) -> bool:
     text = stderr.decode("utf-8", "replace")
     return "No space left" in text or "Disk quota" in text
+
+
+_SYNC_FILE_RANGE_WRITE = 2
+_WRITEBACK = 8 << 20  # bytes of archive hashed between two writeback starts
+
+
+def _start_writeback(fd: int, offset: int, length: int) -> None:
+    """sync_file_range(SYNC_FILE_RANGE_WRITE): queue the range's dirty pages for writing, without waiting. Only an
+    early start of what the fsync does anyway, so any failure is ignored."""
+    global _libc
+    if _libc is None:
+        _libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
+    func = getattr(_libc, "sync_file_range", None)
+    if func is not None:
+        func.argtypes = [ctypes.c_int, ctypes.c_int64, ctypes.c_int64, ctypes.c_uint]
+        func(fd, offset, length, _SYNC_FILE_RANGE_WRITE)
 
 
 def _grow_pipe(fd: int) -> None:

@@ -184,9 +184,159 @@ def test_every_link_of_a_chain_restores_its_own_state_exactly(env, tmp_path):
         change()
         saved.append((store.create("ns", "ws", live, base_dir=base).id, listing(live)))
     assert [manifest(store, i)["level"] for i, _ in saved] == list(range(len(saved)))  # one chain
+    # which increments lose something their parent had (deletions, renames, a type between directory and not):
+    # only those are restored with tar -G
+    assert [manifest(store, i)["deletes"] for i, _ in saved] == [
+        False,  # the full save
+        False,  # old_mtime_content_change
+        True,  # deletions
+        True,  # renames
+        True,  # rename_directory_over_a_removed_one
+        False,  # modes_and_owners
+        False,  # symlinks (only added)
+        True,  # symlink_changes (a symlink became a directory, a directory a symlink)
+        True,  # type_swaps_hardlinks_empty_dirs_fifos (a file became a directory)
+        False,  # truncate_and_grow
+        True,  # revert_names
+    ]
     for n, (snapshot_id, want) in enumerate(saved):
         got = restored(store, snapshot_id, tmp_path / "out")
         assert got == want, f"snapshot {n} ({snapshot_id})"
+
+
+def test_links_that_delete_nothing_are_extracted_without_their_listings_and_restore_exactly(env, tmp_path, monkeypatch):
+    """A chain whose increments only add and replace (a directory's mode and mtime, a file becoming an absolute
+    symlink and back, one name of a hard-linked pair replaced) is extracted without tar -G, one tar per link, and
+    every link's state comes back exactly (one tar over the whole chain would bring back the symlink tar deferred
+    in the full base, in place of the file the next link put there)."""
+    live, store, base = env
+    tree(live, files=30)
+    w = live / "workspace"
+    os.link(w / "pkg0" / "sub0" / "f0.py", w / "pkg0" / "twin.py")
+    (w / "abs").symlink_to("/etc/hostname")
+    settle()
+    saved = [(store.create("ns", "ws", live, base_dir=base).id, listing(live))]
+
+    def step1():
+        os.chmod(w / "pkg1", 0o750)
+        os.utime(w / "pkg1", (1e9, 1e9))
+        (w / "pkg2" / "sub2" / "f2.py").unlink()
+        (w / "pkg2" / "sub2" / "f2.py").symlink_to("/nowhere/at/all")  # deferred by tar: an absolute target
+        (w / "abs").unlink()
+        write(w / "abs", "a file now")
+        write(w / "new.txt", "added")
+
+    def step2():
+        os.chmod(w / "pkg1", 0o711)
+        (w / "pkg2" / "sub2" / "f2.py").unlink()
+        write(w / "pkg2" / "sub2" / "f2.py", "a file again")
+        replacement = w / "pkg0" / "replacement"
+        write(replacement, "new inode for one name of the pair")
+        replacement.rename(w / "pkg0" / "sub0" / "f0.py")  # twin.py keeps the old contents
+        write(w / "pkg1" / "later" / "deep.txt", "in a new directory")
+
+    for step in (step1, step2):
+        settle()
+        step()
+        saved.append((store.create("ns", "ws", live, base_dir=base).id, listing(live)))
+    assert [manifest(store, i)["deletes"] for i, _ in saved] == [False, False, False]
+
+    tars = []
+    real_popen = subprocess.Popen
+
+    def popen(cmd, *args, **kwargs):
+        if cmd[0] == "tar":
+            tars.append(cmd)
+        return real_popen(cmd, *args, **kwargs)
+
+    monkeypatch.setattr(snapshots.subprocess, "Popen", popen)
+    for snapshot_id, want in saved:
+        tars.clear()
+        assert restored(store, snapshot_id, tmp_path / "out") == want
+        assert len(tars) == len(store.chain("ns", "ws", snapshot_id))
+        assert not any(arg.startswith("--listed-incremental") for cmd in tars for arg in cmd)
+
+
+def test_an_increment_that_deletes_gets_a_tar_of_its_own(env, tmp_path, monkeypatch):
+    live, store, base = env
+    tree(live)
+    settle()  # (else the next increment saves the whole tree again, and the one after is full)
+    first = store.create("ns", "ws", live, base_dir=base)
+    write(live / "workspace" / "added.txt", "x")
+    second = store.create("ns", "ws", live, base_dir=base)
+    (live / "workspace" / "pkg0" / "sub0" / "f0.py").unlink()
+    third = store.create("ns", "ws", live, base_dir=base)
+    write(live / "workspace" / "again.txt", "y")
+    fourth = store.create("ns", "ws", live, base_dir=base)
+    want = listing(live)
+    assert [manifest(store, s.id)["level"] for s in (first, second, third, fourth)] == [0, 1, 2, 3]
+    assert [manifest(store, s.id)["deletes"] for s in (first, second, third, fourth)] == [False, False, True, False]
+    tars = []
+    real_popen = subprocess.Popen
+
+    def popen(cmd, *args, **kwargs):
+        if cmd[0] == "tar":
+            tars.append(cmd)
+        return real_popen(cmd, *args, **kwargs)
+
+    monkeypatch.setattr(snapshots.subprocess, "Popen", popen)
+    assert restored(store, fourth.id, tmp_path / "out") == want
+    assert ["--listed-incremental=/dev/null" in cmd for cmd in tars] == [False, False, True, False]
+
+
+def test_a_manifest_without_the_deletes_field_is_restored_with_its_listings(env, tmp_path):
+    """Snapshots saved before the field existed: every increment applies its directory listings, as before."""
+    live, store, base = env
+    tree(live, files=30)
+    store.create("ns", "ws", live, base_dir=base)
+    (live / "workspace" / "pkg0" / "sub0" / "f0.py").unlink()
+    inc = store.create("ns", "ws", live, base_dir=base)
+    path = store.root / "ns" / "ws" / f"{inc.id}.json"
+    old = {k: v for k, v in json.loads(path.read_text()).items() if k != "deletes"}
+    path.write_text(json.dumps(old))
+    assert restored(store, inc.id, tmp_path / "out") == listing(live)
+
+
+def test_snar_deletes_compares_every_directory_listing():
+    def snar(*dirs):
+        body = b"1\x002\x00"
+        for ino, (name, entries) in enumerate(dirs):
+            body += b"0\x001\x002\x003\x00%d\x00" % ino + name + b"\x00"
+            body += b"".join(e + b"\x00" for e in entries) + b"\x00\x00"
+        return b"GNU tar-1.34-2\n" + body
+
+    parent = snar((b".", [b"Dd", b"Yf"]), (b"./d", [b"Ng"]))
+    assert not snapshots.snar_deletes(parent, parent)
+    assert not snapshots.snar_deletes(parent, snar((b".", [b"Dd", b"Nf", b"Ynew"]), (b"./d", [b"Yg", b"Dsub"])))
+    assert snapshots.snar_deletes(parent, snar((b".", [b"Dd"]), (b"./d", [b"Ng"])))  # f gone
+    assert snapshots.snar_deletes(parent, snar((b".", [b"Dd", b"Df"]), (b"./d", [b"Ng"])))  # f now a directory
+    assert snapshots.snar_deletes(parent, snar((b".", [b"Yd", b"Yf"])))  # d now a file, its listing gone
+    assert snapshots.snar_deletes(parent, parent[:-3])  # unreadable: -G, always right
+    assert snapshots.snar_deletes(parent, snar((b".", [b"Dd", b"Yf"]), (b"./d", [b"Ng", b"Rrenamed"])))
+    assert snapshots.snar_deletes(snar((b".", [b"Dd", b"Yf"]), (b"./d", [b"Tx"])), parent)  # flags tar's renames use
+    assert not snapshots.snar_deletes(snar((b".", [b"Yf", b"Dd"])), snar((b".", [b"Dd", b"Nf"])))  # any order
+
+
+def test_the_archive_is_queued_for_writeback_before_its_fsync(env, monkeypatch):
+    """The fsync at the end waits only for what is not on its way to the disk yet: every byte was handed to
+    writeback as it was hashed (in steps, when zstd is slower than the hash)."""
+    live, store, base = env
+    tree(live, files=30)
+    write(live / "workspace" / "big.bin", os.urandom(20 << 20))
+    calls = []
+    real_writeback = snapshots._start_writeback
+    monkeypatch.setattr(snapshots, "_start_writeback", lambda fd, offset, length: calls.append((offset, length)))
+    real_fsync = os.fsync
+    monkeypatch.setattr(snapshots.os, "fsync", lambda fd: (calls.append("fsync"), real_fsync(fd)))
+    info = store.create("ns", "ws", live, base_dir=base)
+    ranges = calls[: calls.index("fsync")]  # the archive's own fsync is the first
+    assert ranges and ranges[0][0] == 0
+    assert all(a + n == b for (a, n), (b, _) in zip(ranges, ranges[1:], strict=False))
+    assert ranges[-1][0] + ranges[-1][1] == info.size
+    store.verify("ns", "ws", info.id)
+    fd = os.open(os.devnull, os.O_WRONLY)
+    real_writeback(fd, 0, 1)  # harmless where it does not apply
+    os.close(fd)
 
 
 def test_restore_then_change_then_save_is_an_increment_of_the_restored_snapshot(env, tmp_path):

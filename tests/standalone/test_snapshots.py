@@ -72,6 +72,7 @@ def test_manifest_records_size_and_sha256_of_the_archive(tmp_path):
         "parent": None,  # a full save
         "level": 0,
         "deleted": False,
+        "deletes": False,  # (an increment's: whether its restore must apply its directory listings)
     }
     assert archive[:4] == b"\x28\xb5\x2f\xfd"  # zstd frame magic
     assert store.verify("ns", "ws", info.id) == info
