@@ -2,6 +2,7 @@
 FLAREBOX_HEAD_TIMEOUT_SECONDS and a body may pause at most FLAREBOX_BODY_TIMEOUT_SECONDS, else 408 request_timeout
 and the connection is closed — while every other client is served as usual. Short timeouts keep this fast."""
 
+import contextlib
 import json
 import socket
 import threading
@@ -63,7 +64,8 @@ def test_a_trickled_head_is_408_and_others_are_served(server):
         assert _health_ok(server)  # meanwhile the server answers others at once
         answer = _answer(slow)
         waited = time.monotonic() - started
-        slow.shutdown(socket.SHUT_RDWR)
+        with contextlib.suppress(OSError):  # the trickle's next byte may have met the closed connection (a reset)
+            slow.shutdown(socket.SHUT_RDWR)
         sender.join()
     assert _timeout_code(answer) == (408, "request_timeout")
     assert HEAD - 0.5 <= waited <= HEAD + 3, waited
