@@ -3,19 +3,26 @@ protocol client, measured against baselines taken in the same run.
 
   exec round trip   `true` through client → uvicorn → edge → workspace → sandbox supervisor → back (warm workspace,
                     one kept-alive connection), vs the supervisor alone (POST /exec on its unix socket) and vs a
-                    bare `bash -c true` spawn. Goal: full stack p50 ≤ 3× the bare spawn.
+                    bare `bash -c true` spawn, with the project's Python client (httpx, ~0.6 ms of its own per
+                    round trip). Report only: the goals (issue 15) are on the same round trips with a bare HTTP
+                    client, bench_exec_parts.
   scoped key        the same round trip with a scoped key instead of the deployment token (interleaved with it):
                     what verifying the key in the directory adds. Goal: ≤ 0.3 ms at p50.
-  cold start        first exec on a new workspace, request sent → first output event. Goal ≤ 1 s.
+  cold start        first exec on a new workspace, request sent → first output event. Goal ≤ 100 ms.
   restore           first exec on a stopped workspace holding 100 MB (half incompressible), → first output, vs the
-                    bare `zstd -d | tar -x` of its archive. Goal ≤ 1 s.
+                    bare `zstd -d | tar -x` of its archive in the same run. Goal ≤ 1.3× the bare extract.
+  files             GET and PUT of 100 MiB through the whole stack with curl (it writes the file it gets, as the
+                    copy does), vs shutil.copyfile of the same file. Goal ≥ 0.7× the copy's throughput.
   memory            the server's RSS growth per idle workspace (created, booted once, idle), and a sandbox's RSS.
 """
 
+import hashlib
 import json
 import os
+import shutil
 import signal
 import socket
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -25,11 +32,12 @@ from pathlib import Path
 
 import httpx
 
-from bench.framework import figure, percentile, timed
+from bench.framework import figure, percentile, timed, timed_pair
 from flarebox_hermes.client import Client
 
 TOKEN = "bench-token-" + "b" * 40
 NS = "bench"
+MIB = 1024 * 1024
 
 
 def _free_port() -> int:
@@ -121,6 +129,7 @@ def run(quick: bool = False) -> list[dict]:
             with Client(server.url, TOKEN) as client:
                 rows += _round_trips(server, client, repeat)
                 rows += _cold_and_restore(server, client, root, quick)
+                rows += _files(server, client, root, (20 if quick else 100) * MIB, 2 if quick else 5)
                 rows += _memory(server, client, 5 if quick else 20)
         finally:
             server.stop()
@@ -176,27 +185,27 @@ def _round_trips(server: Server, client: Client, repeat: int) -> list[dict]:
             note=f"adds {keyed_p50 - full_p50:+.3f} ms (goal ≤ 0.3 ms)",
         ),
         figure(
-            "exec `true` round trip, full stack p50",
+            "exec `true` round trip, full stack p50 (the Python client, httpx)",
             percentile(full_s, 50) * 1000,
             "ms",
             "bare bash -c true p50",
             bare_p50,
-            goal=3.0,
+            note="what a Hermes or Python caller sees; the goal is on the bare-client figure (bench_exec_parts)",
         ),
         figure(
-            "exec `true` round trip, full stack p95",
+            "exec `true` round trip, full stack p95 (the Python client, httpx)",
             percentile(full_s, 95) * 1000,
             "ms",
             "bare bash -c true p95",
             percentile(bare, 95) * 1000,
         ),
         figure(
-            "exec `true` round trip, supervisor alone p50",
+            "exec `true` round trip, supervisor alone p50 (httpx)",
             percentile(alone, 50) * 1000,
             "ms",
             "bare bash -c true p50",
             bare_p50,
-            note="POST /exec on the sandbox's unix socket",
+            note="POST /exec on the sandbox's unix socket; the goal is on the bare-client figure (bench_exec_parts)",
         ),
         figure(
             "exec `true` round trip, full stack p50 vs supervisor alone",
@@ -220,10 +229,10 @@ def _cold_and_restore(server: Server, client: Client, root: Path, quick: bool) -
     rows.append(
         figure(
             "cold start: new workspace → first output p50",
-            percentile(cold, 50),
-            "s",
-            "goal (1 s)",
-            1.0,
+            percentile(cold, 50) * 1000,
+            "ms",
+            "goal (100 ms)",
+            100.0,
             goal=1.0,
             note=f"median of {len(cold)}",
         )
@@ -258,14 +267,54 @@ def _cold_and_restore(server: Server, client: Client, root: Path, quick: bool) -
             f"restore {mb} MB workspace → first output p50",
             percentile(restores, 50),
             "s",
-            "goal (1 s)",
-            1.0,
-            goal=1.0,
-            note=f"bare zstd -d | tar -x of the same archive: {percentile(bare, 50):.3f} s; "
-            f"archive {archive.stat().st_size / 1e6:.1f} MB",
+            "bare zstd -d | tar -x of its archive",
+            percentile(bare, 50),
+            goal=1.3,
+            note=f"archive {archive.stat().st_size / 1e6:.1f} MB; median of {len(restores)}",
         )
     )
     return rows
+
+
+def _files(server: Server, client: Client, root: Path, size: int, repeat: int) -> list[dict]:
+    """A file up and down through the whole stack (curl → uvicorn → edge → workspace → supervisor → the sandbox's
+    disk, and back), interleaved with a plain copy of the same file on the same disk."""
+    client.put_workspace(NS, "files", {})
+    _exec(client, "files", "true")  # boot
+    source, fetched, copied = root / "source.bin", root / "fetched.bin", root / "copy.bin"
+    with open(source, "wb") as f:
+        for _ in range(size // MIB):
+            f.write(os.urandom(MIB))
+    url = f"{server.url}/v1/workspaces/{NS}/files/files?path=/workspace/big.bin"
+    auth = ["-H", f"Authorization: Bearer {TOKEN}"]
+
+    def put() -> None:
+        subprocess.run(["curl", "-sSf", *auth, "-T", str(source), "-o", os.devnull, url], check=True)
+
+    def get() -> None:
+        subprocess.run(["curl", "-sSf", *auth, "-o", str(fetched), url], check=True)
+
+    def copy() -> None:
+        shutil.copyfile(source, copied)
+
+    put_s, copies = timed_pair(put, copy, repeat, warmup=1)
+    get_s, more = timed_pair(get, copy, repeat, warmup=1)
+    if hashlib.sha256(fetched.read_bytes()).digest() != hashlib.sha256(source.read_bytes()).digest():
+        raise RuntimeError("the file came back different")
+    mib, copy_rate = size / MIB, size / MIB / statistics.median(copies + more)
+    return [
+        figure(
+            f"file {label} {mib:.0f} MiB, full stack (curl)",
+            mib / statistics.median(samples),
+            "MiB/s",
+            "shutil.copyfile",
+            copy_rate,
+            goal=0.7,
+            better="higher",
+            note=f"median of {repeat}, interleaved with the copies",
+        )
+        for label, samples in (("GET", get_s), ("PUT", put_s))
+    ]
 
 
 def _rss(pid: int) -> int:
@@ -275,8 +324,18 @@ def _rss(pid: int) -> int:
     return 0
 
 
-def _sandbox_rss_kib(hostname: str) -> int:
-    """RSS of one sandbox's process tree: its bwrap processes (given `--hostname <ws>`) and their descendants."""
+def _pss(pid: int) -> int:
+    """Proportional set size: each shared page divided among the processes that map it (the Python binary and
+    libraries are shared with the server and every other sandbox, so RSS counts them in full in each)."""
+    for line in Path(f"/proc/{pid}/smaps_rollup").read_text().splitlines():
+        if line.startswith("Pss:"):
+            return int(line.split()[1])
+    return 0
+
+
+def _sandbox_kib(hostname: str, measure=_rss) -> int:
+    """RSS (or `measure`) of one sandbox's process tree: its bwrap processes (given `--hostname <ws>`) and their
+    descendants."""
     roots = []
     for entry in os.listdir("/proc"):
         try:
@@ -297,7 +356,7 @@ def _sandbox_rss_kib(hostname: str) -> int:
             continue
         seen.add(pid)
         try:
-            total += _rss(pid)
+            total += measure(pid)
             children = Path(f"/proc/{pid}/task/{pid}/children").read_text().split()
         except OSError:
             continue
@@ -322,11 +381,21 @@ def _memory(server: Server, client: Client, count: int) -> list[dict]:
             note=f"{count} workspaces booted once, then idle; sandbox processes excluded",
         ),
         figure(
+            "sandbox memory (PSS) per idle workspace",
+            _sandbox_kib("mem0", _pss) / 1024,
+            "MiB",
+            "goal (16 MiB)",
+            16,
+            goal=1.0,
+            note="bwrap + supervisor of one idle workspace, shared pages divided among their users",
+        ),
+        figure(
             "sandbox RSS per idle workspace",
-            _sandbox_rss_kib("mem0"),
-            "KiB",
-            "—",
-            None,
-            note="bwrap + supervisor of one idle workspace",
+            _sandbox_kib("mem0") / 1024,
+            "MiB",
+            "goal (16 MiB)",
+            16,
+            goal=1.0,
+            note="the same, every page counted in full (the Python binary and libraries too)",
         ),
     ]

@@ -1,12 +1,12 @@
 """The supervisor against bare equivalents, measured in the same run.
 
 - exec round trip of `true` over a unix socket with a keep-alive httpx client, vs `subprocess.run(["bash", "-c",
-  "true"])` (goal: p50 ≤ 1.5×; p95 reported);
+  "true"])` (report only: issue 15's goal is on bench_exec_parts' sandboxed round trip with a bare client);
 - streaming 2,000,000 characters as NDJSON (decoded by the client), vs the same command's stdout read from a bare pipe
-  (goal ≤ 2×);
+  (goal ≤ 1.5×);
 - GET and PUT of one file through the supervisor (client reads/writes a local file), vs a plain file copy
-  (shutil.copyfile) of the same file (goal ≥ 0.5× the copy's throughput), with httpx and with curl as the client
-  (httpx alone tops out well below the supervisor's speed).
+  (shutil.copyfile) of the same file, with httpx and with curl as the client (httpx alone tops out well below the
+  supervisor's speed). Report only here: the goal (≥ 0.7× the copy) is the full stack's, bench_standalone.
 Run as root (as in the image) the supervisor drops to `nobody`, so the privilege-dropping paths are what is measured.
 """
 
@@ -91,7 +91,8 @@ def _exec_round_trip(client, repeat: int) -> list[dict]:
                 "ms",
                 "subprocess.run bash -c true p50",
                 percentile(bare, 50) * 1000,
-                goal=1.5,
+                note="httpx client; as root the supervisor starts each command through setpriv (~1.2 ms): the "
+                "Cloudflare container's path. Report only: the goal is on bench_exec_parts' sandboxed figure",
             ),
             # the distributions, for bench/report.py's plot
             "samples": [s * 1000 for s in ours],
@@ -126,7 +127,7 @@ def _stream(client, repeat: int) -> list[dict]:
             "ms",
             "bash -c … | bare pipe read",
             bare_s * 1000,
-            goal=2.0,
+            goal=1.5,
         )
     ]
 
@@ -210,7 +211,6 @@ def _files(client, workspace: Path, sock: str, size: int, repeat: int) -> list[d
             "MiB/s",
             "shutil.copyfile",
             copy_rate,
-            goal=0.5,
             better="higher",
         ),
         figure(
@@ -219,7 +219,6 @@ def _files(client, workspace: Path, sock: str, size: int, repeat: int) -> list[d
             "MiB/s",
             "shutil.copyfile",
             copy_rate,
-            goal=0.5,
             better="higher",
         ),
     ]
@@ -233,7 +232,6 @@ def _files(client, workspace: Path, sock: str, size: int, repeat: int) -> list[d
                     "MiB/s",
                     "shutil.copyfile",
                     copy_rate,
-                    goal=0.5,
                     better="higher",
                 )
             )
