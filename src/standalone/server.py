@@ -14,6 +14,7 @@ from durable.ports import Response
 from protocol.errors import ProtocolError
 from standalone import console
 from standalone.asgi_socket import AsgiSocket
+from standalone.streams import close_body
 from worker.request import EdgeRequest
 
 log = logging.getLogger("flarebox.server")
@@ -195,12 +196,7 @@ class FlareboxApp:
             for task in (pump, watch):
                 task.cancel()
             await asyncio.gather(pump, watch, return_exceptions=True)
-            aclose = getattr(payload, "aclose", None)
-            if aclose is not None:
-                try:
-                    await aclose()
-                except Exception:
-                    log.debug("closing a response stream failed", exc_info=True)
+            await close_body(payload)
 
     @staticmethod
     async def _pump(payload: Any, send) -> None:

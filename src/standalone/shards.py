@@ -43,6 +43,7 @@ from durable.ports import Response
 from protocol.errors import ProtocolError
 from standalone.peer import parent_pid, peer_credentials
 from standalone.placement import owner
+from standalone.streams import close_body
 
 log = logging.getLogger("flarebox.shards")
 
@@ -658,10 +659,5 @@ class CallServer:
             for task in (pumping, watch):
                 task.cancel()
             await asyncio.gather(pumping, watch, return_exceptions=True)
-            aclose = getattr(payload, "aclose", None)
-            if aclose is not None:
-                try:
-                    await aclose()
-                except Exception:
-                    log.debug("closing a response stream failed", exc_info=True)
+            await close_body(payload)
         return finished and self._clean(call, inbound)

@@ -11,10 +11,13 @@ futures instead of asyncio.Queue: a chunk that finds room costs no wake-up of an
 
 import asyncio
 import json
+import logging
 from collections import deque
 from typing import Any
 
 from durable.ports import ContainerGone
+
+log = logging.getLogger("flarebox.streams")
 
 QUEUE_CHUNKS = 64
 QUEUE_BYTES = 1024 * 1024
@@ -216,3 +219,14 @@ def ends_with_terminal(data: bytes) -> bool:
 class QueueStreams:
     def open(self) -> QueueSink:
         return QueueSink()
+
+
+async def close_body(payload: Any) -> None:
+    """Close a response body that was being sent (its producer stops: the relay, the container's stream), whatever
+    state it is in; a failure to close is logged, never raised over the answer's own outcome."""
+    aclose = getattr(payload, "aclose", None)
+    if aclose is not None:
+        try:
+            await aclose()
+        except Exception:
+            log.debug("closing a response stream failed", exc_info=True)
