@@ -1055,6 +1055,7 @@ class Workspace:
             if not self.state.exists:
                 await self.alarm_port.clear()
                 return
+            rearm = True
             try:
                 now = self.clock.now_ms()
                 due = self.schedule.due(now)
@@ -1064,12 +1065,16 @@ class Workspace:
                 # the alarm re-arms below; a state left mid-save goes back to running (the container was not
                 # destroyed before the snapshot was recorded)
                 log.exception("alarm of %s/%s failed", self.namespace, self.name)
+                rearm = False
                 if self.state.state == Lifecycle.SAVING:
                     self.state.set_state(Lifecycle.RUNNING)
                 # never leave a past deadline behind: the alarm would fire again at once, forever
                 self.schedule.postpone_until(self.clock.now_ms() + RETRY_FIRST_SECONDS * 1000)
+                rearm = True
             finally:
-                if self.state.exists:
+                # Not when the recovery above failed too (its storage is failing): the deadlines may be past, and
+                # the runtime retries a handler that raises, with backoff, instead.
+                if rearm and self.state.exists:
                     await self.schedule.arm(self.alarm_port)
 
     async def _on_due(self, due: set[str], now: int) -> None:
