@@ -36,7 +36,8 @@ async def _run(repeat: int) -> list[dict]:
             for i in range(1000):
                 request = {"namespace": "ns", "workspace": f"w{i}", "scopes": ["exec"], "expires_in": None, "label": ""}
                 keys.append((await directory.call("mint_key", {"request": request}))["key"])
-            admin_header, key_header = f"Bearer {TOKEN}", f"Bearer {keys[500]}"
+            # the credential itself, as the edge takes it from the Authorization header (or the WebSocket subprotocol)
+            admin_header, key_header = TOKEN, keys[500]
             loop = asyncio.get_running_loop()
             admin, keyed = [], []
             for _ in range(repeat):  # interleaved, so machine load hits both alike
