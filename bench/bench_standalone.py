@@ -253,7 +253,9 @@ def _cold_and_restore(server: Server, client: Client, root: Path, quick: bool) -
         first, _ = _exec(client, "big", "echo back")
         restores.append(first)
         client.stop(NS, "big")  # snapshot again and stop, for the next round
-    archive = max((server.data_dir / "snapshots" / NS / "big").glob("*.tar.zst"))  # the newest (ids sort by time)
+    # the full archive the restores' chains start from (the largest: the later links are increments that changed
+    # nothing); a restore extracts it and then each small increment
+    archive = max((server.data_dir / "snapshots" / NS / "big").glob("*.tar.zst"), key=lambda p: p.stat().st_size)
     target = root / "bare-restore"
 
     def bare_restore() -> None:
