@@ -16,14 +16,12 @@ differences of medians (report only; bench/README.md reads them as the breakdown
 import os
 import socket
 import subprocess
-import tempfile
 import time
 from pathlib import Path
 
-from bench.bench_standalone import NS, TOKEN, Server, _exec, _supervisor_socket
+from bench.bench_standalone import NS, TOKEN, _supervisor_socket, boot, serving
 from bench.framework import figure, percentile
 from bench.rawhttp import RawClient, check_exit, exec_body, unix_client
-from flarebox_hermes.client import Client
 from standalone.peer import descends_from
 
 
@@ -53,52 +51,43 @@ def _supervisor_pid(server_pid: int) -> int | None:
 
 def run(quick: bool = False) -> list[dict]:
     repeat = 50 if quick else 300
-    with tempfile.TemporaryDirectory(prefix="fbx-bench-parts-") as tmp:
-        root = Path(tmp)
-        os.chmod(root, 0o755)
-        server = Server(root)
-        try:
-            with Client(server.url, TOKEN) as client:
-                client.put_workspace(NS, "parts", {})
-                _exec(client, "parts", "true")  # boot
-            sv_path = _supervisor_socket(server.data_dir)
-            sv = unix_client(str(sv_path))
-            srv = RawClient(
-                socket.create_connection(("127.0.0.1", server.port)),
-                "127.0.0.1",
-                {"Authorization": f"Bearer {TOKEN}"},
-            )
-            srv.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-            exec_path = f"/v1/workspaces/{NS}/parts/exec"
-            parts = {
-                "spawn": lambda: subprocess.run(["bash", "-c", "true"], check=True),
-                "sv floor": lambda: sv.request("GET", "/health"),
-                "sv exec": lambda: check_exit(*sv.request("POST", "/exec", exec_body())),
-                "server floor": lambda: srv.request("GET", "/v1/health"),
-                "full exec": lambda: check_exit(*srv.request("POST", exec_path, exec_body())),
-            }
-            samples: dict[str, list[float]] = {name: [] for name in parts}
-            for fn in parts.values():
-                for _ in range(5):
-                    fn()
-            supervisor = _supervisor_pid(server.proc.pid)
-            cpu_server = cpu_sv = 0.0
-            for _ in range(repeat):
-                for name, fn in parts.items():
-                    if name == "full exec":
-                        server_before = _cpu_seconds(server.proc.pid)
-                        sv_before = _cpu_seconds(supervisor) if supervisor else 0.0
-                    start = time.perf_counter()
-                    fn()
-                    samples[name].append(time.perf_counter() - start)
-                    if name == "full exec":
-                        cpu_server += _cpu_seconds(server.proc.pid) - server_before
-                        cpu_sv += (_cpu_seconds(supervisor) - sv_before) if supervisor else 0.0
-            sv.close()
-            srv.close()
-        finally:
-            server.stop()
-            subprocess.run(["chmod", "-R", "u+rwX", tmp], check=False)
+    with serving() as (server, _):
+        boot(server, "parts")
+        sv_path = _supervisor_socket(server.data_dir)
+        sv = unix_client(str(sv_path))
+        srv = RawClient(
+            socket.create_connection(("127.0.0.1", server.port)),
+            "127.0.0.1",
+            {"Authorization": f"Bearer {TOKEN}"},
+        )
+        srv.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        exec_path = f"/v1/workspaces/{NS}/parts/exec"
+        parts = {
+            "spawn": lambda: subprocess.run(["bash", "-c", "true"], check=True),
+            "sv floor": lambda: sv.request("GET", "/health"),
+            "sv exec": lambda: check_exit(*sv.request("POST", "/exec", exec_body())),
+            "server floor": lambda: srv.request("GET", "/v1/health"),
+            "full exec": lambda: check_exit(*srv.request("POST", exec_path, exec_body())),
+        }
+        samples: dict[str, list[float]] = {name: [] for name in parts}
+        for fn in parts.values():
+            for _ in range(5):
+                fn()
+        supervisor = _supervisor_pid(server.proc.pid)
+        cpu_server = cpu_sv = 0.0
+        for _ in range(repeat):
+            for name, fn in parts.items():
+                if name == "full exec":
+                    server_before = _cpu_seconds(server.proc.pid)
+                    sv_before = _cpu_seconds(supervisor) if supervisor else 0.0
+                start = time.perf_counter()
+                fn()
+                samples[name].append(time.perf_counter() - start)
+                if name == "full exec":
+                    cpu_server += _cpu_seconds(server.proc.pid) - server_before
+                    cpu_sv += (_cpu_seconds(supervisor) - sv_before) if supervisor else 0.0
+        sv.close()
+        srv.close()
     p50 = {name: percentile(values, 50) * 1000 for name, values in samples.items()}
     note = f"p50 of {repeat}, interleaved"
     return [

@@ -28,6 +28,8 @@ import sys
 import tempfile
 import time
 import uuid
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import httpx
@@ -118,22 +120,35 @@ def _bare_spawn() -> None:
     subprocess.run(["bash", "-c", "true"], check=True)
 
 
-def run(quick: bool = False) -> list[dict]:
-    repeat = 30 if quick else 200
-    rows = []
+@contextmanager
+def serving() -> Iterator[tuple[Server, Path]]:
+    """A real `flarebox serve` on a temp data dir (the server and that dir), stopped and removed afterwards."""
     with tempfile.TemporaryDirectory(prefix="fbx-bench-") as tmp:
         root = Path(tmp)
         os.chmod(root, 0o755)
         server = Server(root)
         try:
-            with Client(server.url, TOKEN) as client:
-                rows += _round_trips(server, client, repeat)
-                rows += _cold_and_restore(server, client, root, quick)
-                rows += _files(server, client, root, (20 if quick else 100) * MIB, 2 if quick else 5)
-                rows += _memory(server, client, 5 if quick else 20)
+            yield server, root
         finally:
             server.stop()
             subprocess.run(["chmod", "-R", "u+rwX", tmp], check=False)
+
+
+def boot(server: Server, workspace: str) -> None:
+    """Create `workspace` and run its first command, so it is up."""
+    with Client(server.url, TOKEN) as client:
+        client.put_workspace(NS, workspace, {})
+        _exec(client, workspace, "true")
+
+
+def run(quick: bool = False) -> list[dict]:
+    repeat = 30 if quick else 200
+    rows = []
+    with serving() as (server, root), Client(server.url, TOKEN) as client:
+        rows += _round_trips(server, client, repeat)
+        rows += _cold_and_restore(server, client, root, quick)
+        rows += _files(server, client, root, (20 if quick else 100) * MIB, 2 if quick else 5)
+        rows += _memory(server, client, 5 if quick else 20)
     return rows
 
 

@@ -12,9 +12,6 @@ starting a process.
 
 import asyncio
 import json
-import os
-import subprocess
-import tempfile
 import time
 import uuid
 from pathlib import Path
@@ -22,26 +19,15 @@ from pathlib import Path
 import httpx
 from websockets.asyncio.client import connect
 
-from bench.bench_standalone import NS, TOKEN, Server, _exec, _supervisor_socket
+from bench.bench_standalone import NS, TOKEN, Server, _supervisor_socket, boot, serving
 from bench.framework import figure, percentile
-from flarebox_hermes.client import Client
 
 
 def run(quick: bool = False) -> list[dict]:
     repeat = 50 if quick else 300
-    with tempfile.TemporaryDirectory(prefix="fbx-bench-") as tmp:
-        root = Path(tmp)
-        os.chmod(root, 0o755)
-        server = Server(root)
-        try:
-            with Client(server.url, TOKEN) as client:
-                client.put_workspace(NS, "term", {})
-                _exec(client, "term", "true")  # boot
-                sock = _supervisor_socket(server.data_dir)
-                echo, exec_rt = asyncio.run(_measure(server, sock, repeat))
-        finally:
-            server.stop()
-            subprocess.run(["chmod", "-R", "u+rwX", tmp], check=False)
+    with serving() as (server, _):
+        boot(server, "term")
+        echo, exec_rt = asyncio.run(_measure(server, _supervisor_socket(server.data_dir), repeat))
     echo_p50, exec_p50 = percentile(echo, 50) * 1000, percentile(exec_rt, 50) * 1000
     return [
         figure(
