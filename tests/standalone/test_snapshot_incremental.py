@@ -204,6 +204,20 @@ def test_every_link_of_a_chain_restores_its_own_state_exactly(env, tmp_path):
         assert got == want, f"snapshot {n} ({snapshot_id})"
 
 
+def record_tars(monkeypatch) -> list[list[str]]:
+    """The tar command lines the snapshot store starts from now on (they still run)."""
+    tars: list[list[str]] = []
+    real_popen = subprocess.Popen
+
+    def popen(cmd, *args, **kwargs):
+        if cmd[0] == "tar":
+            tars.append(cmd)
+        return real_popen(cmd, *args, **kwargs)
+
+    monkeypatch.setattr(snapshots.subprocess, "Popen", popen)
+    return tars
+
+
 def test_links_that_delete_nothing_are_extracted_without_their_listings_and_restore_exactly(env, tmp_path, monkeypatch):
     """A chain whose increments only add and replace (a directory's mode and mtime, a file becoming an absolute
     symlink and back, one name of a hard-linked pair replaced) is extracted without tar -G, one tar per link, and
@@ -241,15 +255,7 @@ def test_links_that_delete_nothing_are_extracted_without_their_listings_and_rest
         saved.append((store.create("ns", "ws", live, base_dir=base).id, listing(live)))
     assert [manifest(store, i)["deletes"] for i, _ in saved] == [False, False, False]
 
-    tars = []
-    real_popen = subprocess.Popen
-
-    def popen(cmd, *args, **kwargs):
-        if cmd[0] == "tar":
-            tars.append(cmd)
-        return real_popen(cmd, *args, **kwargs)
-
-    monkeypatch.setattr(snapshots.subprocess, "Popen", popen)
+    tars = record_tars(monkeypatch)
     for snapshot_id, want in saved:
         tars.clear()
         assert restored(store, snapshot_id, tmp_path / "out") == want
@@ -271,15 +277,7 @@ def test_an_increment_that_deletes_gets_a_tar_of_its_own(env, tmp_path, monkeypa
     want = listing(live)
     assert [manifest(store, s.id)["level"] for s in (first, second, third, fourth)] == [0, 1, 2, 3]
     assert [manifest(store, s.id)["deletes"] for s in (first, second, third, fourth)] == [False, False, True, False]
-    tars = []
-    real_popen = subprocess.Popen
-
-    def popen(cmd, *args, **kwargs):
-        if cmd[0] == "tar":
-            tars.append(cmd)
-        return real_popen(cmd, *args, **kwargs)
-
-    monkeypatch.setattr(snapshots.subprocess, "Popen", popen)
+    tars = record_tars(monkeypatch)
     assert restored(store, fourth.id, tmp_path / "out") == want
     assert ["--listed-incremental=/dev/null" in cmd for cmd in tars] == [False, False, True, False]
 
