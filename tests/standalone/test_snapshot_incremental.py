@@ -634,6 +634,15 @@ def test_normalize_snar_zeroes_devices_and_moves_the_dump_time_back():
         + b"1\x0098\x000\x000\x0043\x00.\x00\x00\x00"
     )
     assert normalize_snar(data, 200 * 10**9)[15:23] == b"100\x00500\x00"  # never later than tar's own
-    for bad in (b"", b"GNU tar-1.34-1\n1\x002\x00", data[:-3], b"GNU tar-1.34-2\n1\x002\x00x\x00"):
+    head = b"GNU tar-1.34-2\n1\x002\x00"
+    for bad in (
+        b"",
+        b"GNU tar-1.34-1\n1\x002\x00",
+        data[:-3],
+        head + b"x\x00",
+        head + b"0\x00\x007\x0065024\x0042\x00.\x00\x00\x00",  # a directory record with an empty number
+        head + b"0\x0099\x007\x006502x\x0042\x00.\x00\x00\x00",  # one that is not a number
+        head + b"0\x0099\x007\x0065024\x0042\x00.\x00Yf\x00",  # one that never ends
+    ):
         with pytest.raises(ValueError):
             normalize_snar(bad)
