@@ -33,10 +33,13 @@ from pathlib import Path
 
 import uvicorn
 
+from durable.ports import Cipher
+from durable.settings import Settings
 from standalone import redact, seccomp
 from standalone.cgroups import Cgroups
 from standalone.sandbox_driver import ServerClaim
 from standalone.seccomp import SeccompUnavailable
+from standalone.token import ServerToken
 from standalone.uids import UidRangeError, UnsafeDirError
 
 log = logging.getLogger("flarebox.workers")
@@ -45,6 +48,21 @@ START_SECONDS = 120  # every worker built and serving within this, or the start 
 STOP_SECONDS = 120  # after SIGTERM, a worker still running after this (stopping its sandboxes) is killed
 BUILT, SERVING = b"b", b"s"
 _PR_SET_PDEATHSIG = 1
+
+
+@dataclass(frozen=True)
+class _Serving:
+    """What every worker is given alike: the shared socket, the parent's claim on the data dir, and the settings."""
+
+    listener: socket.socket
+    claim: ServerClaim
+    data_dir: Path
+    settings: Settings
+    token: ServerToken
+    cipher: Cipher | None
+    log_level: str
+    host: str
+    port: int
 
 
 @dataclass
@@ -106,17 +124,10 @@ def run_workers(
             adopt_workspaces(data_dir, settings)  # the index, once, before any worker opens it
             sys.stdout.flush()
             sys.stderr.flush()
+            serving = _Serving(listener, claim, data_dir, settings, token, cipher, log_level, host, port)
             return _supervise(
-                listener,
-                claim,
-                data_dir,
-                settings,
-                token,
-                cipher,
+                serving,
                 workers,
-                log_level,
-                host,
-                port,
                 base_url,
                 lambda: banner(sys.stdout, data_dir, host, token, base_url, limits_report, settings, workers),
             )
@@ -126,7 +137,7 @@ def run_workers(
         listener.close()
 
 
-def _supervise(listener, claim, data_dir, settings, token, cipher, count, log_level, host, port, base_url, show):
+def _supervise(serving: _Serving, count: int, base_url: str, show) -> int:
     parent = os.getpid()
     started: list[_Worker] = []
     for index in range(count):
@@ -142,21 +153,7 @@ def _supervise(listener, claim, data_dir, settings, token, cipher, count, log_le
                     os.close(other.go_fd)
                 os.close(status_r)
                 os.close(go_w)
-                code = _worker(
-                    index,
-                    count,
-                    listener,
-                    claim,
-                    data_dir,
-                    settings,
-                    token,
-                    cipher,
-                    log_level,
-                    host,
-                    port,
-                    status_w,
-                    go_r,
-                )
+                code = _worker(serving, index, count, status_w, go_r)
             except BaseException:
                 traceback.print_exc()
             finally:
@@ -356,19 +353,25 @@ def _stop_all(workers: list[_Worker], stop: _Stop, *, failed: bool) -> int:
 # --- one worker --------------------------------------------------------------------------------------------------
 
 
-def _worker(index, count, listener, claim, data_dir, settings, token, cipher, log_level, host, port, status_fd, go_fd):
+def _worker(serving: _Serving, index: int, count: int, status_fd: int, go_fd: int) -> int:
     from standalone.serve import build_app, uvicorn_config
 
+    token = serving.token
     for handler in logging.getLogger().handlers:
         handler.setFormatter(logging.Formatter(f"%(asctime)s %(levelname)s [worker {index}] %(name)s: %(message)s"))
     try:
         app, registry, driver = build_app(
-            data_dir, settings, token.value if token.usable else None, cipher, claim=claim, shard=(index, count)
+            serving.data_dir,
+            serving.settings,
+            token.value if token.usable else None,
+            serving.cipher,
+            claim=serving.claim,
+            shard=(index, count),
         )
     except (UidRangeError, UnsafeDirError, SeccompUnavailable) as err:
         print(f"flarebox: worker {index}: {err}", file=sys.stderr)
         return 2
-    config = uvicorn_config(app, host, port, log_level)
+    config = uvicorn_config(app, serving.host, serving.port, serving.log_level)
     server = uvicorn.Server(config)
     redact.install(token.value)  # after uvicorn.Config, which set up uvicorn's log handlers
 
@@ -382,12 +385,12 @@ def _worker(index, count, listener, claim, data_dir, settings, token, cipher, lo
         armed = registry.rearm_alarms()
         if armed:
             log.info("re-armed %d workspace alarm(s)", armed)
-        serving = asyncio.ensure_future(server.serve(sockets=[listener]))
-        while not server.started and not serving.done():  # noqa: ASYNC110 - uvicorn has no "started" event
+        served = asyncio.ensure_future(server.serve(sockets=[serving.listener]))
+        while not server.started and not served.done():  # noqa: ASYNC110 - uvicorn has no "started" event
             await asyncio.sleep(0.05)
         if server.started:
             os.write(status_fd, SERVING)
-        await serving
+        await served
 
     # uvicorn handles SIGINT/SIGTERM while serving and re-raises them afterwards: no-ops end the worker with 0
     signal.signal(signal.SIGTERM, lambda signum, frame: None)
