@@ -42,6 +42,25 @@ def _errors_row(name: str, tally: loadgen.Tally, note: str) -> dict:
     return row
 
 
+def _percentile_rows(measured, baseline, label: str, baseline_label: str):
+    """(kind, p, row, samples, baseline samples) for p50/p95/p99 of every request kind both runs have: `measured`
+    against `baseline`, the same kind and percentile."""
+    for kind in loadgen.KINDS:
+        ours, base = _ms(measured.samples[kind]), _ms(baseline.samples[kind])
+        if not ours or not base:
+            continue
+        for p in (50, 95, 99):
+            row = figure(
+                f"load: {kind} p{p} ({label})",
+                percentile(ours, p),
+                "ms",
+                f"{kind} p{p}, {baseline_label}",
+                percentile(base, p),
+                note=f"{len(ours)} requests" if p == 50 else "",
+            )
+            yield kind, p, row, ours, base
+
+
 def _absolute_goal(row: dict, goal: float, unit: str) -> dict:
     """A goal on the value itself (not on its ratio to the baseline, which stays as information)."""
     row.update(goal_text=f"≤ {goal:g} {unit}", met=row["value"] <= goal)
@@ -137,44 +156,22 @@ def run(quick: bool = False) -> list[dict]:
             "ms",
         )
     )
-    for kind in loadgen.KINDS:
-        ours, base = _ms(loaded.samples[kind]), _ms(alone.samples[kind])
-        if not ours or not base:
-            continue
-        for p in (50, 95, 99):
-            row = figure(
-                f"load: {kind} p{p} ({clients} clients)",
-                percentile(ours, p),
-                "ms",
-                f"{kind} p{p}, one client alone",
-                percentile(base, p),
-                note=f"{len(ours)} requests" if p == 50 else "",
+    for kind, p, row, ours, base in _percentile_rows(loaded, alone, f"{clients} clients", "one client alone"):
+        if p == 50:  # one distribution plot per kind: loaded vs alone
+            row.update(
+                samples=ours,
+                baseline_samples=base,
+                plot="load-latency",
+                plot_title=f"{kind}: {clients} concurrent clients vs one client alone",
+                samples_label=f"{clients} clients",
             )
-            if p == 50:  # one distribution plot per kind: loaded vs alone
-                row.update(
-                    samples=ours,
-                    baseline_samples=base,
-                    plot="load-latency",
-                    plot_title=f"{kind}: {clients} concurrent clients vs one client alone",
-                    samples_label=f"{clients} clients",
-                )
-            rows.append(row)
-    for kind in loadgen.KINDS:
-        ours, base = _ms(many.samples[kind]), _ms(loaded.samples[kind])
-        if not ours or not base:
-            continue
-        for p in (50, 95, 99):
-            row = figure(
-                f"load: {kind} p{p} ({clients} clients, {workers} workers)",
-                percentile(ours, p),
-                "ms",
-                f"{kind} p{p}, 1 worker, same load",
-                percentile(base, p),
-                note=f"{len(ours)} requests" if p == 50 else "",
-            )
-            if kind == "exec" and p == 99:
-                _absolute_goal(row, EXEC_P99_GOAL_MS, "ms")
-            rows.append(row)
+        rows.append(row)
+    for kind, p, row, _, _ in _percentile_rows(
+        many, loaded, f"{clients} clients, {workers} workers", "1 worker, same load"
+    ):
+        if kind == "exec" and p == 99:
+            _absolute_goal(row, EXEC_P99_GOAL_MS, "ms")
+        rows.append(row)
 
     server = loadgen.Server(idle_seconds=IDLE_SECONDS)
     try:
