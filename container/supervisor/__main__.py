@@ -11,10 +11,9 @@ import sys
 
 if __name__ == "__main__":
     # No TLS in the supervisor: the supervisor speaks plain HTTP only (its socket, and services on the sandbox's
-    # loopback), but asyncio imports ssl when it can, and aiohttp's client module (which `import aiohttp` always
-    # loads) builds two TLS contexts at import time, loading the system's CA bundle: tens of milliseconds of start
-    # and megabytes of memory in every sandbox. asyncio and aiohttp both treat ssl as absent then. Set before any
-    # other import; processes the supervisor starts (commands, archive workers) are interpreters of their own.
+    # loopback), but asyncio imports ssl when it can: milliseconds of start and megabytes of libssl in every
+    # sandbox. asyncio treats ssl as absent then. Set before any other import; processes the supervisor starts
+    # (commands, archive workers) are interpreters of their own.
     sys.modules.setdefault("ssl", None)
 
 import argparse  # noqa: E402
@@ -56,19 +55,17 @@ def _signal_ready(fd: int | None) -> None:
 
 
 async def serve(args: argparse.Namespace, app) -> None:
-    from aiohttp import web
+    from flarebox_supervisor.httpserver import Server
 
-    runner = web.AppRunner(app, access_log=None, handle_signals=False)
-    await runner.setup()
+    server = Server(app)
     if args.listen_fd is not None:
-        site = web.SockSite(runner, socket.socket(fileno=args.listen_fd))
+        await server.start(sock=socket.socket(fileno=args.listen_fd))
     elif args.unix:
-        site = web.UnixSite(runner, args.unix)
+        await server.start(path=args.unix)
     else:
-        site = web.TCPSite(runner, args.host, args.port)
-    await site.start()
+        await server.start(host=args.host, port=args.port)
     _signal_ready(args.ready_fd)
-    log.info("flarebox supervisor %s listening on %s as %s", __version__, site.name, app["identity"].name)
+    log.info("flarebox supervisor %s listening on %s as %s", __version__, server.name, app["identity"].name)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
@@ -76,7 +73,7 @@ async def serve(args: argparse.Namespace, app) -> None:
     try:
         await stop.wait()
     finally:
-        await runner.cleanup()
+        await server.stop()
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -85,7 +82,7 @@ def main(argv: list[str] | None = None) -> None:
     identity = resolve_identity(args.user)
     settings = settings_from_env(os.path.abspath(args.workdir))
     files = make_file_access(identity)  # forks the file agent now, while the process has a single thread
-    from flarebox_supervisor.server import make_app  # aiohttp and the routes: after the fork, not in the agent
+    from flarebox_supervisor.server import make_app  # the HTTP server and the routes: after the fork, not in the agent
 
     try:
         asyncio.run(serve(args, make_app(settings, identity, files)))

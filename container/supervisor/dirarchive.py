@@ -12,11 +12,10 @@ import json
 import logging
 import os
 
-from aiohttp import web
-
 from flarebox_supervisor import archive, archive_tree
 from flarebox_supervisor.files import _widen_unix_send_buffer
 from flarebox_supervisor.httpio import no_query
+from flarebox_supervisor.httpserver import Application, Request, Response, StreamResponse, json_response
 from protocol.errors import ERRORS, ProtocolError
 from protocol.validate import validate_abs_path
 
@@ -25,7 +24,7 @@ log = logging.getLogger("flarebox_supervisor")
 _STDERR_KEPT = 4096
 
 
-def _dir_path(request: web.Request) -> str:
+def _dir_path(request: Request) -> str:
     no_query(request, frozenset({"path"}))
     if "path" not in request.query:
         raise ProtocolError("invalid_query", "path is required")
@@ -41,7 +40,7 @@ class _Worker:
         self._stderr = asyncio.ensure_future(self._drain())
 
     @classmethod
-    async def start(cls, request: web.Request, action: str, path: str, extra: list[str] = (), **pipes) -> "_Worker":
+    async def start(cls, request: Request, action: str, path: str, extra: list[str] = (), **pipes) -> "_Worker":
         argv = ["--dir", path, *extra]
         proc = await archive.start_worker(request.app["identity"], action, [], argv, archive_tree.MODULE, **pipes)
         return cls(proc)
@@ -75,7 +74,7 @@ def _early_error(stderr: str) -> ProtocolError:
     return ProtocolError("internal_error", "the archive failed: " + stderr[-500:])
 
 
-async def get_archive(request: web.Request) -> web.StreamResponse:
+async def get_archive(request: Request) -> StreamResponse:
     path = _dir_path(request)
     worker = await _Worker.start(request, "export", path, stdout=asyncio.subprocess.PIPE)
     try:
@@ -83,8 +82,7 @@ async def get_archive(request: web.Request) -> web.StreamResponse:
         chunk = await stdout.read(archive.STREAM_CHUNK)
         if not chunk:
             raise _early_error(await worker.stderr())
-        response = web.StreamResponse(headers={"Content-Type": "application/zstd", "Cache-Control": "no-store"})
-        response.enable_chunked_encoding()
+        response = StreamResponse(headers={"Content-Type": "application/zstd", "Cache-Control": "no-store"})
         await response.prepare(request)
         if request.transport is not None:
             _widen_unix_send_buffer(request.transport)
@@ -115,7 +113,7 @@ def _upload_path(path: str) -> str:
     return path
 
 
-async def put_archive(request: web.Request) -> web.Response:
+async def put_archive(request: Request) -> Response:
     path = _dir_path(request)
     target = _upload_path(path)
     max_bytes, max_entries = request.app["import_limits"]
@@ -135,14 +133,14 @@ async def put_archive(request: web.Request) -> web.Response:
             result = archive.check_import_result(answer, archive_tree.RESULT_FIELDS)
         finally:
             await worker.stop()
-    return web.json_response({"path": path, **result})
+    return json_response({"path": path, **result})
 
 
-async def send_body(request: web.Request, proc, max_bytes: int) -> None:
+async def send_body(request: Request, proc, max_bytes: int) -> None:
     """The request body into the worker's stdin, then its end. A client that goes away raises here, and the worker
     is stopped before it could commit."""
     received = 0
-    while chunk := await request.content.readany():
+    while chunk := await request.readany():
         received += len(chunk)
         if received > max_bytes:
             raise ProtocolError("payload_too_large", f"the archive is larger than {max_bytes} bytes")
@@ -154,6 +152,6 @@ async def send_body(request: web.Request, proc, max_bytes: int) -> None:
     proc.stdin.close()  # the end of the archive: the worker checks the end and only then commits
 
 
-def add_routes(app: web.Application) -> None:
-    app.router.add_get("/files/archive", get_archive, allow_head=False)  # a HEAD would run a whole export
-    app.router.add_put("/files/archive", put_archive)
+def add_routes(app: Application) -> None:
+    app.add_route("GET", "/files/archive", get_archive)
+    app.add_route("PUT", "/files/archive", put_archive)

@@ -7,7 +7,6 @@ user's. Each returns a JSON-able result and possibly an open file descriptor.
 
 import errno
 import os
-import secrets
 import stat
 
 from protocol.errors import ProtocolError
@@ -71,7 +70,7 @@ def create_temp(path: str) -> tuple[dict, int]:
         info = None  # missing (or unreadable: the rename below decides)
     if info is not None and not stat.S_ISREG(info.st_mode):
         raise _not_a_file(info)  # renaming over a device, socket or FIFO would replace it (or fail with EBUSY)
-    temp = os.path.join(parent, f".{name[:200]}.flarebox-{secrets.token_hex(6)}.tmp")
+    temp = os.path.join(parent, f".{name[:200]}.flarebox-{os.urandom(6).hex()}.tmp")
     try:
         fd = os.open(temp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | _OPEN_FLAGS, 0o600)
     except OSError as exc:

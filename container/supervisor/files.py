@@ -10,8 +10,7 @@ import errno
 import os
 import socket
 
-from aiohttp import web
-
+from flarebox_supervisor.httpserver import Request, Response, StreamResponse, json_response
 from protocol.errors import ProtocolError
 from protocol.validate import parse_file_mode, validate_abs_path, validate_offset
 
@@ -44,12 +43,12 @@ def _read_at_most(fd: int, limit: int) -> bytes:
     return b"".join(chunks)
 
 
-def _query(request: web.Request, allowed: set[str]) -> dict[str, str]:
+def _query(request: Request, allowed: set[str]) -> dict[str, str]:
     query = request.query
     for key in query:
         if key not in allowed:
             raise ProtocolError("invalid_query", f"unknown query parameter {key!r}")
-        if len(query.getall(key)) > 1:
+        if key in query.repeated:
             raise ProtocolError("invalid_query", f"{key} is given more than once")
     return dict(query)
 
@@ -66,7 +65,7 @@ def _path(query: dict) -> str:
     return validate_abs_path(query["path"])
 
 
-async def get_file(request: web.Request) -> web.StreamResponse:
+async def get_file(request: Request) -> StreamResponse:
     query = _query(request, {"path", "max_bytes"})
     path = _path(query)
     limit = _limit(query, request.app["settings"].max_file_read_bytes)
@@ -79,14 +78,9 @@ async def get_file(request: web.Request) -> web.StreamResponse:
             # Small files are read whole and sent with their real length: procfs reports 0 bytes and sysfs 4096
             # for files that hold something else, and sendfile refuses a count of 0.
             body = await asyncio.to_thread(_read_at_most, fd, min(limit, _READ_WHOLE_MAX))
-            return web.Response(body=body, headers={"Content-Type": "application/octet-stream"})
-        response = web.StreamResponse(headers={"Content-Type": "application/octet-stream"})
-        response.content_length = size
-        writer = await response.prepare(request)
-        # sendfile bypasses aiohttp's writer: the headers must be on the transport first (aiohttp versions that
-        # buffer headers until the first body chunk have send_headers(); older ones wrote them in prepare())
-        if hasattr(writer, "send_headers"):
-            writer.send_headers()
+            return Response(body=body, headers={"Content-Type": "application/octet-stream"})
+        response = StreamResponse(headers={"Content-Type": "application/octet-stream"}, content_length=size)
+        await response.prepare(request)
         transport = request.transport
         if transport is None:
             raise ConnectionResetError("the client went away")
@@ -109,7 +103,7 @@ DISK_FULL = (
 )
 
 
-async def put_file(request: web.Request) -> web.Response:
+async def put_file(request: Request) -> Response:
     query = _query(request, {"path", "mode", "max_bytes"})
     path = _path(query)
     mode = parse_file_mode(query.get("mode"))
@@ -125,7 +119,7 @@ async def put_file(request: web.Request) -> web.Response:
     try:
         written = 0
         while True:
-            chunk = await request.content.readany()
+            chunk = await request.readany()
             if not chunk:
                 break
             written += len(chunk)
@@ -150,4 +144,4 @@ async def put_file(request: web.Request) -> web.Response:
             os.close(fd)
         if not committed:
             await files.call("abort", temp=temp)
-    return web.json_response({"path": path, "size": written})
+    return json_response({"path": path, "size": written})

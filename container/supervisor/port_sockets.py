@@ -5,9 +5,9 @@ loopback lives in its own network namespace, which only the sandbox's processes 
 connection there and passes the descriptor back over the very unix connection the request came on (SCM_RIGHTS).
 From then on the server speaks HTTP/1.1 to the service itself; no Python hop in the sandbox copies the bytes.
 
-The answer is written here, not by aiohttp: `HTTP/1.1 200 OK`, `Content-Length: 0`, `Connection: close`, with the
+The answer is written here, not by httpserver.py: `HTTP/1.1 200 OK`, `Content-Length: 0`, `Connection: close`, with the
 descriptor attached to those bytes, and the connection is closed right after. Nothing listening is a 502
-answer with the X-Flarebox-Proxy-Error header (and a connect that hangs, 504), through aiohttp as usual.
+answer with the X-Flarebox-Proxy-Error header (and a connect that hangs, 504), as any other answer.
 
 The server trusts none of it: it checks the peer of this connection as for every supervisor connection, accepts
 exactly one descriptor, and uses it only if it is a connected TCP socket to 127.0.0.1:{port} (standalone/upstream.py).
@@ -18,9 +18,7 @@ import asyncio
 import os
 import socket
 
-from aiohttp import web
-
-from protocol.errors import ERRORS, error_body
+from flarebox_supervisor.httpserver import Application, Request, Response, StreamResponse, error_response
 from protocol.services import parse_port_segment
 
 HANDED_OVER = b"HTTP/1.1 200 OK\r\nContent-Length: 0\r\nConnection: close\r\n\r\n"
@@ -28,11 +26,11 @@ HANDED_OVER = b"HTTP/1.1 200 OK\r\nContent-Length: 0\r\nConnection: close\r\n\r\
 PROXY_ERROR_HEADER = "x-flarebox-proxy-error"
 
 
-def proxy_error(code: str, message: str | None = None) -> web.Response:
-    return web.json_response(error_body(code, message), status=ERRORS[code][0], headers={PROXY_ERROR_HEADER: code})
+def proxy_error(code: str, message: str | None = None) -> Response:
+    return error_response(code, message, headers={PROXY_ERROR_HEADER: code})
 
 
-async def hand_over(request: web.Request) -> web.StreamResponse:
+async def hand_over(request: Request) -> StreamResponse:
     port = parse_port_segment(request.match_info["port"])
     head_seconds = request.app["settings"].proxy_head_seconds
     upstream = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
@@ -60,11 +58,11 @@ async def hand_over(request: web.Request) -> web.StreamResponse:
             carrier.close()
     finally:
         upstream.close()  # the server holds its own descriptor now (or none: then the connection ends here)
-    # the answer is whole (or cut: the server then sees a short answer, never a wrong one); aiohttp's own, below,
+    # the answer is whole (or cut: the server then sees a short answer, never a wrong one); the handler's own, below,
     # meets a closed connection and is dropped
     transport.close()
-    return web.Response(status=204)
+    return Response(status=204)
 
 
-def add_routes(app: web.Application) -> None:
-    app.router.add_post("/port-sockets/{port}", hand_over)
+def add_routes(app: Application) -> None:
+    app.add_route("POST", "/port-sockets/{port}", hand_over)

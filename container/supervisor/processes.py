@@ -26,9 +26,8 @@ from typing import TYPE_CHECKING
 from protocol.errors import ProtocolError
 from protocol.files import SIGNALS, parse_signal_request, validate_pid
 
-if TYPE_CHECKING:  # the file agent imports this module for signal_process; it must not load aiohttp (agent.py)
-    from aiohttp import web
-
+if TYPE_CHECKING:  # the file agent imports this module for signal_process; it loads no HTTP server (agent.py)
+    from flarebox_supervisor.httpserver import Application, Request, Response
     from flarebox_supervisor.runner import Command
 
 MAX_PROCESSES = 4096  # processes one listing shows at most (lowest pids first)...
@@ -287,10 +286,9 @@ def describe_command(command: Command) -> dict:
     }
 
 
-async def get_processes(request: web.Request) -> web.Response:
-    from aiohttp import web
-
+async def get_processes(request: Request) -> Response:
     from flarebox_supervisor.httpio import no_query
+    from flarebox_supervisor.httpserver import json_response
 
     no_query(request)
     commands = request.app["registry"].recent()
@@ -302,7 +300,7 @@ async def get_processes(request: web.Request) -> web.Response:
     sessions = {c.pgid: c.request.request_id for c in reversed(commands)}
     identity = request.app["identity"]
     listed = await asyncio.to_thread(list_processes, identity.uid, identity.name, sessions)
-    return web.json_response(
+    return json_response(
         {
             "commands": listed_commands.entries,
             "processes": listed.entries,
@@ -369,18 +367,17 @@ def signal_process(pid: int, sig: str, group: bool) -> tuple[dict, None]:
 AGENT_OPERATIONS = {"signal_process": signal_process}
 
 
-async def post_signal(request: web.Request) -> web.Response:
-    from aiohttp import web
-
+async def post_signal(request: Request) -> Response:
     from flarebox_supervisor.httpio import no_query, read_json
+    from flarebox_supervisor.httpserver import json_response
 
     pid = validate_pid(request.match_info["pid"])
     no_query(request)
     body = parse_signal_request(await read_json(request))
     result, _fd = await request.app["files"].call("signal_process", pid=pid, sig=body.signal, group=body.group)
-    return web.json_response(result)
+    return json_response(result)
 
 
-def add_routes(app: web.Application) -> None:
-    app.router.add_get("/processes", get_processes)
-    app.router.add_post("/processes/{pid}/signal", post_signal)
+def add_routes(app: Application) -> None:
+    app.add_route("GET", "/processes", get_processes)
+    app.add_route("POST", "/processes/{pid}/signal", post_signal)

@@ -6,8 +6,6 @@ import logging
 import os
 import stat
 
-from aiohttp import web
-
 from flarebox_supervisor import (
     __version__,
     filetree,
@@ -18,44 +16,21 @@ from flarebox_supervisor import (
 )
 from flarebox_supervisor.files import _widen_unix_send_buffer, get_file, put_file
 from flarebox_supervisor.httpio import no_query, read_json, stream_journal
+from flarebox_supervisor.httpserver import Application, Request, Response, StreamResponse, json_response
 from flarebox_supervisor.identity import Identity
 from flarebox_supervisor.registry import Registry
 from flarebox_supervisor.settings import Settings
 from protocol import limits
-from protocol.errors import ERRORS, ProtocolError, error_body
-from protocol.limits import MAX_BODY_BYTES
+from protocol.errors import ProtocolError
 from protocol.validate import parse_exec_request, validate_offset, validate_request_id
 
 log = logging.getLogger("flarebox_supervisor")
 
-_HTTP_CODES = {404: "not_found", 405: "method_not_allowed", 413: "payload_too_large", 431: "headers_too_large"}
 
-
-def _error_response(code: str, message: str | None = None) -> web.Response:
-    return web.json_response(error_body(code, message), status=ERRORS[code][0])
-
-
-@web.middleware
-async def errors_middleware(request: web.Request, handler) -> web.StreamResponse:
-    try:
-        return await handler(request)
-    except ProtocolError as exc:
-        return _error_response(exc.code, exc.message)
-    except web.HTTPException as exc:
-        if exc.status in _HTTP_CODES:
-            return _error_response(_HTTP_CODES[exc.status])
-        raise
-    except (ConnectionError, OSError) as exc:
-        if request.transport is None or request.transport.is_closing():
-            raise  # the client went away mid-response; nothing left to answer
-        log.exception("request failed: %s", exc)
-        return _error_response("internal_error")
-
-
-async def health(request: web.Request) -> web.Response:
+async def health(request: Request) -> Response:
     registry: Registry = request.app["registry"]
     identity: Identity = request.app["identity"]
-    return web.json_response({"ok": True, "version": __version__, "running": registry.running(), "user": identity.name})
+    return json_response({"ok": True, "version": __version__, "running": registry.running(), "user": identity.name})
 
 
 def _is_dir(path: str) -> bool:
@@ -65,7 +40,7 @@ def _is_dir(path: str) -> bool:
         return False
 
 
-async def start_exec(request: web.Request) -> web.StreamResponse:
+async def start_exec(request: Request) -> StreamResponse:
     no_query(request)
     exec_request = parse_exec_request(await read_json(request))
     settings: Settings = request.app["settings"]
@@ -76,7 +51,7 @@ async def start_exec(request: web.Request) -> web.StreamResponse:
     return await stream_journal(request, command.journal, 0)
 
 
-async def reattach(request: web.Request) -> web.StreamResponse:
+async def reattach(request: Request) -> StreamResponse:
     request_id = validate_request_id(request.match_info["request_id"])
     no_query(request, frozenset({"offset"}))
     offset = validate_offset(request.query.get("offset", "0"))
@@ -86,17 +61,17 @@ async def reattach(request: web.Request) -> web.StreamResponse:
     return await stream_journal(request, command.journal, offset)
 
 
-async def cancel(request: web.Request) -> web.Response:
+async def cancel(request: Request) -> Response:
     request_id = validate_request_id(request.match_info["request_id"])
     no_query(request)
     state = request.app["registry"].cancel(request_id)
-    return web.json_response({"request_id": request_id, "state": state})
+    return json_response({"request_id": request_id, "state": state})
 
 
-async def sync(request: web.Request) -> web.Response:
+async def sync(request: Request) -> Response:
     no_query(request)
     await asyncio.to_thread(os.sync)
-    return web.json_response({"ok": True})
+    return json_response({"ok": True})
 
 
 # --- export / import archives (archive.py does the work in a worker with the sandbox user's rights) ---------------
@@ -114,7 +89,7 @@ def _module(name: str):
 def _lazy(module: str, name: str):
     """A route handler that imports its module on its first request."""
 
-    async def handler(request: web.Request) -> web.StreamResponse:
+    async def handler(request: Request) -> StreamResponse:
         return await getattr(_module(module), name)(request)
 
     return handler
@@ -128,7 +103,7 @@ def _import_limits() -> tuple[int, int]:
     return limits.MAX_IMPORT_BYTES, limits.MAX_IMPORT_ENTRIES
 
 
-def _archive_roots(app: web.Application) -> list[tuple[str, str]]:
+def _archive_roots(app: Application) -> list[tuple[str, str]]:
     archive = _module("archive")
     return archive.archive_roots(app["settings"].workdir, archive.home_dir(app["identity"].home))
 
@@ -145,7 +120,7 @@ async def _finish_worker(proc, stderr_task) -> None:
     stderr_task.cancel()
 
 
-async def export_archive(request: web.Request) -> web.StreamResponse:
+async def export_archive(request: Request) -> StreamResponse:
     no_query(request)
     archive = _module("archive")
     proc = await archive.start_worker(
@@ -161,8 +136,7 @@ async def export_archive(request: web.Request) -> web.StreamResponse:
             await asyncio.wait_for(stderr_task, 5)
             log.error("export failed: %s", errors.decode("utf-8", "replace").strip())
             raise ProtocolError("internal_error", "the export failed: " + errors.decode("utf-8", "replace")[-500:])
-        response = web.StreamResponse(headers={"Content-Type": "application/zstd", "Cache-Control": "no-store"})
-        response.enable_chunked_encoding()
+        response = StreamResponse(headers={"Content-Type": "application/zstd", "Cache-Control": "no-store"})
         await response.prepare(request)
         if request.transport is not None:
             _widen_unix_send_buffer(request.transport)
@@ -182,7 +156,7 @@ async def export_archive(request: web.Request) -> web.StreamResponse:
         await _finish_worker(proc, stderr_task)
 
 
-async def import_archive(request: web.Request) -> web.Response:
+async def import_archive(request: Request) -> Response:
     no_query(request)
     max_bytes, max_entries = request.app["import_limits"]
     length = request.content_length
@@ -193,7 +167,7 @@ async def import_archive(request: web.Request) -> web.Response:
         return await _import(request, max_bytes, max_entries)
 
 
-async def _import(request: web.Request, max_bytes: int, max_entries: int) -> web.Response:
+async def _import(request: Request, max_bytes: int, max_entries: int) -> Response:
     extra = ["--max-bytes", str(max_bytes), "--max-entries", str(max_entries)]
     archive = _module("archive")
     proc = await archive.start_worker(
@@ -216,38 +190,38 @@ async def _import(request: web.Request, max_bytes: int, max_entries: int) -> web
         if not answer:
             await asyncio.wait_for(stderr_task, 5)
             log.error("import worker failed: %s", errors.decode("utf-8", "replace").strip())
-        return web.json_response(archive.check_import_result(answer))
+        return json_response(archive.check_import_result(answer))
     finally:
         await _finish_worker(proc, stderr_task)
 
 
-def make_app(settings: Settings, identity: Identity, files) -> web.Application:
-    app = web.Application(middlewares=[errors_middleware], client_max_size=MAX_BODY_BYTES)
+def make_app(settings: Settings, identity: Identity, files) -> Application:
+    app = Application()
     app["settings"] = settings
     app["identity"] = identity
     app["files"] = files
     app["registry"] = Registry(settings, identity)
     app["import_limits"] = _import_limits()
     app["import_lock"] = asyncio.Lock()
-    app.router.add_get("/health", health)
-    app.router.add_post("/exec", start_exec)
-    app.router.add_get("/exec/{request_id}", reattach)
-    app.router.add_post("/exec/{request_id}/cancel", cancel)
-    app.router.add_get("/files", get_file)
-    app.router.add_put("/files", put_file)
-    app.router.add_post("/sync", sync)
-    app.router.add_get("/export", export_archive, allow_head=False)  # a HEAD would run a whole export
-    app.router.add_put("/import", import_archive)
+    app.add_route("GET", "/health", health)
+    app.add_route("POST", "/exec", start_exec)
+    app.add_route("GET", "/exec/{request_id}", reattach)
+    app.add_route("POST", "/exec/{request_id}/cancel", cancel)
+    app.add_route("GET", "/files", get_file)
+    app.add_route("PUT", "/files", put_file)
+    app.add_route("POST", "/sync", sync)
+    app.add_route("GET", "/export", export_archive)
+    app.add_route("PUT", "/import", import_archive)
     services.add_routes(app)
     port_sockets.add_routes(app)
     filetree.add_routes(app)
     # dirarchive.add_routes, without importing it
-    app.router.add_get("/files/archive", _lazy("dirarchive", "get_archive"), allow_head=False)  # HEAD = a whole export
-    app.router.add_put("/files/archive", _lazy("dirarchive", "put_archive"))
+    app.add_route("GET", "/files/archive", _lazy("dirarchive", "get_archive"))
+    app.add_route("PUT", "/files/archive", _lazy("dirarchive", "put_archive"))
     processes.add_routes(app)
     terminals.add_routes(app)
 
-    async def on_shutdown(app: web.Application) -> None:
+    async def on_shutdown(app: Application) -> None:
         app["registry"].kill_all()
 
     app.on_shutdown.append(on_shutdown)

@@ -22,11 +22,11 @@ import signal
 import subprocess
 import time
 
-import aiohttp
-from aiohttp import web
+import httptools
 
 from flarebox_supervisor.groups import group_alive, signal_group
 from flarebox_supervisor.httpio import no_query, read_large_json, stream_journal
+from flarebox_supervisor.httpserver import Application, Request, Response, StreamResponse, json_response
 from flarebox_supervisor.identity import Identity
 from flarebox_supervisor.output import OutputPipe, make_pipe
 from flarebox_supervisor.servicelog import ServiceLog
@@ -47,6 +47,38 @@ _KILLED_WAIT_SECONDS = 2.0  # a SIGKILLed group is gone within this (unless a me
 _DRAIN_SECONDS = 1.0
 # Request bodies carry the secrets' values inside env, so they may exceed MAX_BODY_BYTES: a spec (at most 1 MiB on the
 # public API) plus up to MAX_SERVICE_SECRETS values, with room for JSON escaping.
+_PROBE_HEAD_BYTES = 64 * 1024  # what a probe reads at most: the answer's head must have come by then
+
+
+class _Head:
+    """httptools callbacks for a probe: only the answer's status matters (a redirect is not followed)."""
+
+    def __init__(self) -> None:
+        self.done = False
+
+    def on_headers_complete(self) -> None:
+        self.done = True
+
+
+async def _probe_status(port: int, path: str) -> int | None:
+    """One GET of `path` on a fresh connection to 127.0.0.1:`port`: the answer's status, None if it is not HTTP."""
+    reader, writer = await asyncio.open_connection("127.0.0.1", port)
+    try:
+        writer.write(f"GET {path} HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\nConnection: close\r\n\r\n".encode())
+        line = _Head()
+        parser = httptools.HttpResponseParser(line)
+        received = 0
+        while not line.done and received < _PROBE_HEAD_BYTES and (data := await reader.read(4096)):
+            received += len(data)
+            try:
+                parser.feed_data(data)
+            except httptools.HttpParserError:
+                return None
+        return parser.get_status_code() if line.done else None
+    finally:
+        writer.close()
+
+
 SERVICE_BODY_BYTES = 4 * (limits.MAX_BODY_BYTES + limits.MAX_SERVICE_SECRETS * limits.MAX_SECRET_VALUE_BYTES)
 SERVICES_BODY_BYTES = 64 * 1024 * 1024
 _ENDED = ("failed", "stopped")
@@ -323,12 +355,9 @@ class Service:
                 _, writer = await asyncio.wait_for(asyncio.open_connection("127.0.0.1", port), _PROBE_TIMEOUT_SECONDS)
                 writer.close()
                 return True
-            session = self._services.http()
-            timeout = aiohttp.ClientTimeout(total=_PROBE_TIMEOUT_SECONDS)
-            url = f"http://127.0.0.1:{port}{path}"
-            async with session.get(url, allow_redirects=False, timeout=timeout) as response:
-                return 200 <= response.status < 400
-        except (OSError, TimeoutError, aiohttp.ClientError):
+            status = await asyncio.wait_for(_probe_status(port, path), _PROBE_TIMEOUT_SECONDS)
+            return status is not None and 200 <= status < 400
+        except (OSError, TimeoutError):
             return False
         except Exception:  # a probe must never die silently and leave the service `starting` for good
             log.exception("service %s: health probe failed", self.name)
@@ -342,16 +371,7 @@ class Services:
         self._services: dict[str, Service] = {}
         self._lock = asyncio.Lock()  # changes one at a time: a replace awaits the old run's end
         self._changed = asyncio.Event()
-        self._http: aiohttp.ClientSession | None = None
         self._closing = False
-
-    def http(self) -> aiohttp.ClientSession:
-        """The health probes' client: no connection is reused, a probe must see a fresh accept."""
-        if self._http is None or self._http.closed:
-            self._http = aiohttp.ClientSession(
-                connector=aiohttp.TCPConnector(force_close=True), auto_decompress=False, trust_env=False
-            )
-        return self._http
 
     def notify(self) -> None:
         event, self._changed = self._changed, asyncio.Event()
@@ -426,8 +446,6 @@ class Services:
         await asyncio.gather(*(service.stop() for service in services), return_exceptions=True)
         for service in services:
             service.log.finish(service.end_event())
-        if self._http is not None:
-            await self._http.close()
 
 
 # -- routes ----------------------------------------------------------------------------------------------------------
@@ -442,15 +460,15 @@ def _parse(name: str, body: object) -> SupervisedService:
         raise ProtocolError(exc.code, f"services.{name}: {exc.message}") from None
 
 
-async def put_service(request: web.Request) -> web.Response:
+async def put_service(request: Request) -> Response:
     name = validate_service_name(request.match_info["name"])
     no_query(request)
     spec = parse_supervised_service(await read_large_json(request, SERVICE_BODY_BYTES))
     service = await request.app["services"].put(name, spec)
-    return web.json_response(service.to_json())
+    return json_response(service.to_json())
 
 
-async def put_services(request: web.Request) -> web.Response:
+async def put_services(request: Request) -> Response:
     no_query(request)
     body = await read_large_json(request, SERVICES_BODY_BYTES)
     _reject_unknown(body, frozenset(("services",)))
@@ -460,22 +478,22 @@ async def put_services(request: web.Request) -> web.Response:
     if len(named) > limits.MAX_SERVICES:
         raise ProtocolError("invalid_field", f"a workspace runs at most {limits.MAX_SERVICES} services")
     specs = {validate_service_name(name): _parse(name, value) for name, value in named.items()}
-    return web.json_response({"services": await request.app["services"].put_all(specs)})
+    return json_response({"services": await request.app["services"].put_all(specs)})
 
 
-async def list_services(request: web.Request) -> web.Response:
+async def list_services(request: Request) -> Response:
     no_query(request)
-    return web.json_response({"services": request.app["services"].describe()})
+    return json_response({"services": request.app["services"].describe()})
 
 
-async def delete_service(request: web.Request) -> web.Response:
+async def delete_service(request: Request) -> Response:
     name = validate_service_name(request.match_info["name"])
     no_query(request)
     await request.app["services"].delete(name)
-    return web.json_response({"name": name, "deleted": True})
+    return json_response({"name": name, "deleted": True})
 
 
-async def service_logs(request: web.Request) -> web.StreamResponse:
+async def service_logs(request: Request) -> StreamResponse:
     name = validate_service_name(request.match_info["name"])
     no_query(request, frozenset({"offset"}))
     offset = validate_offset(request.query.get("offset", "0"))
@@ -493,24 +511,24 @@ def _timeout(value: str) -> float:
     return min(seconds, limits.SERVICE_READY_SECONDS)
 
 
-async def service_ready(request: web.Request) -> web.Response:
+async def service_ready(request: Request) -> Response:
     name = validate_service_name(request.match_info["name"])
     no_query(request, frozenset({"timeout"}))
     timeout = _timeout(request.query.get("timeout", str(limits.SERVICE_READY_SECONDS)))
     ready, service = await request.app["services"].wait_ready(name, timeout)
-    return web.json_response({"ready": ready, "service": service})
+    return json_response({"ready": ready, "service": service})
 
 
-def add_routes(app: web.Application) -> None:
+def add_routes(app: Application) -> None:
     app["services"] = Services(app["settings"], app["identity"])
-    app.router.add_put("/services", put_services)
-    app.router.add_get("/services", list_services)
-    app.router.add_put("/services/{name}", put_service)
-    app.router.add_delete("/services/{name}", delete_service)
-    app.router.add_get("/services/{name}/logs", service_logs)
-    app.router.add_get("/services/{name}/ready", service_ready)
+    app.add_route("PUT", "/services", put_services)
+    app.add_route("GET", "/services", list_services)
+    app.add_route("PUT", "/services/{name}", put_service)
+    app.add_route("DELETE", "/services/{name}", delete_service)
+    app.add_route("GET", "/services/{name}/logs", service_logs)
+    app.add_route("GET", "/services/{name}/ready", service_ready)
 
-    async def on_shutdown(app: web.Application) -> None:
+    async def on_shutdown(app: Application) -> None:
         await app["services"].stop_all()
 
     app.on_shutdown.append(on_shutdown)

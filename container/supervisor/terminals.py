@@ -11,27 +11,31 @@ Binary frames carry terminal bytes both ways, untouched; text frames are control
 lower the linger (tests).
 """
 
+from __future__ import annotations
+
 import asyncio
 import errno
 import fcntl
 import os
-import secrets
 import shutil
 import signal
 import struct
 import subprocess
 import termios
 import time
-
-from aiohttp import WSMsgType, web
+from typing import TYPE_CHECKING
 
 from flarebox_supervisor.groups import signal_group
 from flarebox_supervisor.httpio import no_query
+from flarebox_supervisor.httpserver import Application, Request, StreamResponse
 from flarebox_supervisor.identity import Identity
 from flarebox_supervisor.settings import Settings
 from protocol import limits
 from protocol.errors import ProtocolError
 from protocol.pty import parse_control_frame, parse_pty_query
+
+if TYPE_CHECKING:
+    from flarebox_supervisor.websocket import WebSocket
 
 _QUERY = frozenset({"cols", "rows", "session", "offset"})
 _READ_SIZE = 64 * 1024
@@ -40,8 +44,7 @@ _READ_SIZE = 64 * 1024
 _DRAIN_IDLE_SECONDS = 0.2
 _DRAIN_MAX_SECONDS = 2.0
 _CLOSE_SECONDS = 5.0  # a client that does not take its last frame and close in this time is cut off
-# At shutdown aiohttp no longer reads its connections, so a client's answer to the close never arrives: by then the
-# close is sent and not waited for long.
+# At shutdown the supervisor is about to close every connection: the close is sent and not waited for long.
 _SHUTDOWN_CLOSE_SECONDS = 0.5
 _SETSID = shutil.which("setsid", path="/usr/bin:/bin")
 # setsid --ctty: the shell leads a new session with the pty (its stdin) as controlling terminal, so job control and
@@ -106,7 +109,7 @@ class Session:
     """One shell on its pty: reads its output for the attached client (or none), writes the client's input."""
 
     def __init__(self, process, fd: int, cols: int, rows: int, grace: float, linger: float, on_end):
-        self.id = secrets.token_hex(16)
+        self.id = os.urandom(16).hex()
         self.pid = process.pid  # setsid exec'd without forking: the shell, its session and its process group
         self.created = time.time()
         self.cols, self.rows = cols, rows
@@ -119,7 +122,7 @@ class Session:
         self._loop = asyncio.get_running_loop()
         self._scrollback = bytearray()
         self._total = 0  # bytes of output so far: the scrollback is its last len(_scrollback)
-        self._ws: web.WebSocketResponse | None = None  # the client, if any...
+        self._ws: WebSocket | None = None  # the client, if any...
         self._farewell: asyncio.Future | None = None  # ...and how its handler learns to close it (with which frame)
         self._send_lock = asyncio.Lock()  # output, scrollback and the client change together, in order
         self._input_lock = asyncio.Lock()
@@ -151,7 +154,7 @@ class Session:
 
     async def attach(
         self,
-        ws: web.WebSocketResponse,
+        ws: WebSocket,
         farewell: asyncio.Future,
         resumed: bool,
         size: tuple[int, int] | None,
@@ -178,14 +181,14 @@ class Session:
                 await ws.send_bytes(bytes(self._scrollback[since - kept_from :]))
         return True
 
-    def detach(self, ws: web.WebSocketResponse) -> None:
+    def detach(self, ws: WebSocket) -> None:
         """`ws` went away (a no-op if it was already replaced); the linger starts once no client is left."""
         if self._ws is ws:
             self._ws = self._farewell = None
         if self._ws is None and not self.ended:
             self._start_linger()
 
-    def is_client(self, ws: web.WebSocketResponse) -> bool:
+    def is_client(self, ws: WebSocket) -> bool:
         return self._ws is ws and not self.ended
 
     def _dismiss(self, frame: dict | None = _DETACHED) -> None:
@@ -196,7 +199,7 @@ class Session:
 
     # -- input -----------------------------------------------------------------------------------------------------
 
-    async def write(self, ws: web.WebSocketResponse, data: bytes) -> None:
+    async def write(self, ws: WebSocket, data: bytes) -> None:
         """The client's keystrokes to the pty; waits (on the loop) while the pty takes no more."""
         async with self._input_lock:
             view = memoryview(data)
@@ -208,7 +211,7 @@ class Session:
                 except OSError:
                     return  # EIO: the shell has gone
 
-    def resize(self, ws: web.WebSocketResponse, cols: int, rows: int) -> None:
+    def resize(self, ws: WebSocket, cols: int, rows: int) -> None:
         if self.is_client(ws):
             self._resize(cols, rows)
 
@@ -345,7 +348,7 @@ class Session:
             self._dismiss({"type": "exit", "exit_code": code} if code is not None else None)
 
 
-async def _last_words(ws: web.WebSocketResponse, transport, frame: dict | None, seconds: float) -> None:
+async def _last_words(ws: WebSocket, transport, frame: dict | None, seconds: float) -> None:
     """Send a client its last text frame and close it (1000); one that does not take them in time is cut off."""
 
     async def say_and_close() -> None:
@@ -405,33 +408,29 @@ class Terminals:
 # -- the route ---------------------------------------------------------------------------------------------------------
 
 
-def _requested_size(request: web.Request, cols: int, rows: int, session: Session) -> tuple[int, int] | None:
+def _requested_size(request: Request, cols: int, rows: int, session: Session) -> tuple[int, int] | None:
     """A resume's new size: what the query gives, the session's own for what it leaves out; None for neither."""
     if "cols" not in request.query and "rows" not in request.query:
         return None
     return (cols if "cols" in request.query else session.cols, rows if "rows" in request.query else session.rows)
 
 
-async def _relay_input(ws: web.WebSocketResponse, session: Session) -> None:
+async def _relay_input(ws: WebSocket, session: Session) -> None:
     """The client's frames to the session until it closes (a task of its own: the session may end it first)."""
     try:
-        async for msg in ws:
-            if msg.type is WSMsgType.BINARY:
-                await session.write(ws, msg.data)
-            elif msg.type is WSMsgType.TEXT:
+        while (message := await ws.receive()) is not None:  # None: closed (a protocol error closes it too)
+            if message.binary:
+                await session.write(ws, message.data)
+            else:
                 try:
-                    session.resize(ws, *parse_control_frame(msg.data))
+                    session.resize(ws, *parse_control_frame(message.data))
                 except ProtocolError as exc:
                     await ws.send_json(_error_frame(exc))
-            else:
-                return  # a protocol error on the socket: aiohttp has closed it
     except ConnectionError:
         pass  # the client went away: it only detaches
 
 
-async def _serve(
-    ws: web.WebSocketResponse, session: Session, resumed: bool, size, offset: int | None = None
-) -> asyncio.Future:
+async def _serve(ws: WebSocket, session: Session, resumed: bool, size, offset: int | None = None) -> asyncio.Future:
     """Attach and relay until the client closes or the session lets go of it; the farewell (maybe still unset)."""
     farewell = asyncio.get_running_loop().create_future()
     if not await session.attach(ws, farewell, resumed, size, offset):
@@ -442,7 +441,7 @@ async def _serve(
         await asyncio.wait({relay, farewell}, return_when=asyncio.FIRST_COMPLETED)
     finally:
         relay.cancel()
-        # awaited before any close: aiohttp closes properly (waiting for the client's close) only when not reading
+        # awaited before any close: the close handshake's answer must not be taken for input
         await asyncio.wait({relay})
     if not relay.cancelled():
         relay.result()  # re-raises a failure of the relay
@@ -453,11 +452,13 @@ def _error_frame(error: ProtocolError) -> dict:
     return {"type": "error", "code": error.code, "message": error.message}
 
 
-async def open_pty(request: web.Request) -> web.StreamResponse:
+async def open_pty(request: Request) -> StreamResponse:
     no_query(request, _QUERY)
     query = parse_pty_query(dict(request.query))
-    ws = web.WebSocketResponse(timeout=_CLOSE_SECONDS)
-    if not ws.can_prepare(request).ok:
+    from flarebox_supervisor.websocket import WebSocket  # websockets: loaded by the first terminal only
+
+    ws = WebSocket(request, _CLOSE_SECONDS)
+    if not ws.ok():
         raise ProtocolError("websocket_required")
     terminals: Terminals = request.app["terminals"]
     if query.session is None:
@@ -467,7 +468,7 @@ async def open_pty(request: web.Request) -> web.StreamResponse:
         if session is None:
             raise ProtocolError("session_not_found")
         size = _requested_size(request, query.cols, query.rows, session)
-    await ws.prepare(request)  # from here on a failure is a frame, no longer an HTTP answer
+    await ws.prepare()  # from here on a failure is a frame, no longer an HTTP answer
     try:
         farewell = await _serve(ws, session, query.session is not None, size, query.offset)
     except ConnectionError:
@@ -480,12 +481,12 @@ async def open_pty(request: web.Request) -> web.StreamResponse:
     return ws
 
 
-def add_routes(app: web.Application) -> None:
+def add_routes(app: Application) -> None:
     settings = app["settings"]
     app["terminals"] = Terminals(app["identity"], settings, settings.pty_linger_seconds)
-    app.router.add_get("/pty", open_pty)
+    app.add_route("GET", "/pty", open_pty)
 
-    async def end_sessions(app: web.Application) -> None:
+    async def end_sessions(app: Application) -> None:
         await app["terminals"].end_all()
 
     app.on_shutdown.append(end_sessions)

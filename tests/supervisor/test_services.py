@@ -597,3 +597,33 @@ async def test_a_long_run_resets_the_quick_exit_count(tmp_path):
         assert services.get("quick").restarts == 1
     finally:
         await services.stop_all()
+
+
+@pytest.mark.parametrize(
+    ("answer", "status"),
+    [
+        (b"HTTP/1.1 302 Found\r\nLocation: /elsewhere\r\nContent-Length: 0\r\n\r\n", 302),  # not followed: ready
+        (b"HTTP/1.0 200\r\n\r\nno reason phrase, no length", 200),
+        (b"HTTP/1.1 503 Service Unavailable\r\nContent-Length: 0\r\n\r\n", 503),
+        (b"SSH-2.0-OpenSSH_9.6\r\n", None),  # something listens, but it is not HTTP
+        (b"HTTP/1.1 200 OK\r\nX-Filler: " + b"y" * 70_000 + b"\r\n\r\n", None),  # a head that never ends in time
+    ],
+)
+async def test_a_health_probe_reads_only_the_answers_status(answer, status):
+    from flarebox_supervisor.services import _probe_status
+
+    asked = []
+
+    async def answer_once(reader, writer):
+        asked.append(await reader.readuntil(b"\r\n\r\n"))
+        writer.write(answer)
+        await writer.drain()
+        writer.close()
+
+    server = await asyncio.start_server(answer_once, "127.0.0.1", 0)
+    port = server.sockets[0].getsockname()[1]
+    try:
+        assert await asyncio.wait_for(_probe_status(port, "/healthz"), 5) == status
+    finally:
+        server.close()
+    assert asked == [f"GET /healthz HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\nConnection: close\r\n\r\n".encode()]

@@ -1,5 +1,6 @@
 """How the supervisor starts: it tells its parent the moment it listens (--ready-fd), loads only what serving needs
-(no ssl, no archive modules until an archive is asked for; a file agent forked before aiohttp), and still refuses a
+(no ssl, no aiohttp, no archive or WebSocket modules until they are asked for; a file agent forked before the HTTP
+server is loaded), and still refuses a
 bad operator setting at start."""
 
 import json
@@ -63,6 +64,9 @@ def test_a_supervisor_that_dies_before_listening_closes_the_ready_pipe(tmp_path)
         _stop(process)
 
 
+_HTTP_PARSER = "httptools/parser/parser"  # the C extension httpserver.py parses with
+
+
 def _mapped(pid: int) -> str:
     return Path(f"/proc/{pid}/maps").read_text()
 
@@ -71,10 +75,11 @@ def test_the_supervisor_does_not_load_ssl(supervisor):
     assert supervisor.exec("true").terminal["exit_code"] == 0
     maps = _mapped(supervisor.process.pid)
     assert "_ssl" not in maps and "libssl" not in maps
-    assert "_http_parser" in maps  # what the check reads is really the supervisor's aiohttp process
+    assert "/aiohttp/" not in maps  # its server and client are not the supervisor's any more (httpserver.py)
+    assert _HTTP_PARSER in maps  # what the check reads is really the supervisor's serving process
 
 
-def test_archive_modules_are_imported_on_first_use_only(tmp_path):
+def test_archive_and_websocket_modules_are_imported_on_first_use_only(tmp_path):
     script = (
         "import sys\n"
         "from flarebox_supervisor.agent import LocalFiles\n"
@@ -82,7 +87,7 @@ def test_archive_modules_are_imported_on_first_use_only(tmp_path):
         "from flarebox_supervisor.server import make_app\n"
         "from flarebox_supervisor.settings import settings_from_env\n"
         f"make_app(settings_from_env({str(tmp_path)!r}), resolve_identity('nobody'), LocalFiles())\n"
-        "print(sorted(m for m in sys.modules if 'archive' in m))\n"
+        "print(sorted(m for m in sys.modules if 'archive' in m or m.startswith(('websockets', 'aiohttp'))))\n"
     )
     out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, check=True).stdout
     assert out.strip() == "[]"
@@ -117,7 +122,7 @@ def test_a_lowered_import_limit_is_still_applied(tmp_path):
 
 
 @needs_root
-def test_the_file_agent_is_forked_before_aiohttp_is_loaded(supervisor):
+def test_the_file_agent_is_forked_before_the_http_server_is_loaded(supervisor):
     (supervisor.workspace / "f.txt").write_text("x")
     assert supervisor.client.get("/files", params={"path": str(supervisor.workspace / "f.txt")}).text == "x"
     children = Path(f"/proc/{supervisor.process.pid}/task/{supervisor.process.pid}/children").read_text().split()
@@ -125,5 +130,5 @@ def test_the_file_agent_is_forked_before_aiohttp_is_loaded(supervisor):
     assert agents, "no file agent found"
     for pid in agents:
         maps = _mapped(pid)
-        assert "_http_parser" not in maps and "multidict" not in maps
-    assert "_http_parser" in _mapped(supervisor.process.pid)
+        assert _HTTP_PARSER not in maps
+    assert _HTTP_PARSER in _mapped(supervisor.process.pid)
