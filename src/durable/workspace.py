@@ -41,7 +41,7 @@ from durable.settings import Settings
 from durable.state import BootMode, Lifecycle, WorkspaceState
 from durable.store import Store
 from durable.timefmt import iso_ms
-from protocol import proxy
+from protocol import limits, proxy
 from protocol.errors import ProtocolError
 from protocol.events import error_event, started_event, status_event
 from protocol.files import ListRequest, MkdirRequest, MoveRequest
@@ -340,7 +340,7 @@ class Workspace:
         try:
             await self.container.start(spec)
             await supervisor_client.wait_ready(self.container, self.clock)
-            if mode == BootMode.FRESH:
+            if mode == BootMode.FRESH and config["cwd"] != limits.DEFAULT_CWD:  # the image has /workspace
                 await supervisor_client.make_dir(self.container, config["cwd"])
             if backup is not None:
                 restored_backup = await self.backups.load_into(self.container, backup)

@@ -152,6 +152,14 @@ async def test_exec_on_unknown_workspace_is_404(env):
 # --- boot on demand ----------------------------------------------------------------------------------------------
 
 
+async def test_a_fresh_boot_creates_a_configured_cwd_before_the_first_command(env):
+    await env.put(cwd="/workspace/app")
+    events = await env.run("echo hi")
+    assert events[-1]["exit_code"] == 0
+    assert [e["command"] for e in env.container.execs] == ["mkdir -p -- /workspace/app", "echo hi"]
+    assert env.container.execs[-1]["cwd"] == "/workspace/app"
+
+
 async def test_first_exec_boots_fresh_with_status_events(env):
     await env.put()
     events = await env.run("echo hi")
@@ -161,8 +169,8 @@ async def test_first_exec_boots_fresh_with_status_events(env):
     assert events[-1]["exit_code"] == 0
     [spec] = env.container.starts
     assert (spec.image, spec.instance, spec.env, spec.snapshot_id) == ("hermes", "standard-1", {}, None)
-    # the configured cwd was created after the fresh start, and the command ran there
-    assert "/workspace/" in env.container.disk
+    # the default cwd is the image's own /workspace: no internal mkdir before the command (a cold start's exec)
+    assert [e["command"] for e in env.container.execs] == ["echo hi"]
     assert env.container.execs[-1]["cwd"] == "/workspace"
     assert env.state == "running" and env.ws.state.booted
     # the exec pushed the idle deadline

@@ -211,7 +211,7 @@ class FakeContainer:
             self.disk = dict(self.snapshots[spec.snapshot_id])
             self.alive_from[spec.snapshot_id] = self.clock.now_ms()  # a restore renews its life
         elif self.disk is None:
-            self.disk = {}
+            self.disk = {"/workspace/": b""}  # the image's (and the standalone sandbox's) /workspace
         self.up = True
 
     async def snapshot(self) -> SnapshotInfo:
