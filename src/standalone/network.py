@@ -17,22 +17,20 @@ is reachable from a sandbox through that address, and the connection arrives *fr
 trusts "local" peers by source address would trust the sandbox. Bind such services to 127.0.0.1.
 """
 
-import json
 import os
 import select
 import shutil
 import subprocess
-import sys
 import time
 from collections.abc import Callable
-from pathlib import Path
+
+from standalone import sandbox_launch
 
 PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 NAMESERVER = "10.0.2.3"
 MTU = 65520
 # one descriptor per connection the sandbox opens: bounds the kernel socket state a sandbox can pin on the host
 SLIRP_MAX_FDS = 512
-_LAUNCHER = Path(__file__).with_name("sandbox_launch.py")
 
 
 def private_network_available() -> bool:
@@ -120,7 +118,7 @@ class PrivateNetwork:
             argv += [f"--exit-fd={exit_r}", f"--ready-fd={ready_w}", f"/proc/{pid}/ns/net", "tap0"]
             launch = {"cgroup_procs": cgroup_procs, "nofile": SLIRP_MAX_FDS, "argv": argv, "env": {"PATH": PATH}}
             self._proc = subprocess.Popen(
-                [sys.executable, "-I", str(_LAUNCHER), json.dumps(launch)],
+                sandbox_launch.command(launch),
                 stdin=subprocess.DEVNULL,
                 stdout=log_fd,
                 stderr=subprocess.STDOUT,

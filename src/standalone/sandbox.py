@@ -48,7 +48,7 @@ from typing import Any
 from durable.ports import ContainerGone, SnapshotInfo, StartSpec
 from protocol import limits
 from protocol.errors import ProtocolError
-from standalone import seccomp
+from standalone import sandbox_launch, seccomp
 from standalone.bwrap import LiveDirs, SandboxFds, bwrap_argv, host_system_dirs
 from standalone.cgroups import Cgroups, SandboxGroup, limits_for
 from standalone.config import IMAGE_BINDS_VAR, ImageBind, parse_image_binds
@@ -76,7 +76,6 @@ SILENCE_SECONDS = 3 * limits.HEARTBEAT_SECONDS
 CONNECT_SECONDS = 10.0
 PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 LIVE_SUBDIRS = {"workspace": 0o755, "home": 0o755, "tmp": 0o1777}
-_LAUNCHER = Path(__file__).with_name("sandbox_launch.py")
 _SYSTEM_DIRS = ("/usr", "/etc", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32")
 
 
@@ -334,7 +333,7 @@ class SandboxContainer:
             }
             # spawned from the event loop's thread: --die-with-parent watches the thread that forked bwrap
             self._proc = subprocess.Popen(
-                [sys.executable, "-I", str(_LAUNCHER), json.dumps(launch)],
+                sandbox_launch.command(launch),
                 stdin=subprocess.DEVNULL,
                 stdout=self._log.write_fd,
                 stderr=subprocess.STDOUT,

@@ -1,4 +1,4 @@
-"""Launch step between the server and bubblewrap: `python -I sandbox_launch.py '<json spec>'`, then exec bwrap.
+"""Launch step between the server and bubblewrap: `python -I -S sandbox_launch.py '<json spec>'`, then exec bwrap.
 
 Runs as the server's user in the process that becomes bwrap (so bwrap is the server's direct child and
 `--die-with-parent` holds). In order:
@@ -16,7 +16,8 @@ Runs as the server's user in the process that becomes bwrap (so bwrap is the ser
 3. when root, drop to the unprivileged host uid/gid with no supplementary groups;
 4. exec bwrap with a clean environment.
 
-Stdlib only, no project imports: it runs with `-I` before anything else is set up.
+Stdlib only, no project imports: it runs with `-I -S` before anything else is set up (no site: the venv's .pth
+files, an editable install's import hook among them, cost every sandbox start ~20 ms here).
 """
 
 import ctypes
@@ -27,6 +28,12 @@ import resource
 import socket
 import struct
 import sys
+
+
+def command(spec: dict) -> list[str]:
+    """How the server runs this launcher with `spec`."""
+    return [sys.executable, "-I", "-S", __file__, json.dumps(spec)]
+
 
 CLONE_NEWNS = 0x00020000
 CLONE_NEWNET = 0x40000000

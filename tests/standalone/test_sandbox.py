@@ -546,3 +546,19 @@ def test_the_launcher_finds_libc_without_running_a_program(monkeypatch):
     monkeypatch.setattr(subprocess_module, "Popen", refuse)
     libc = sandbox_launch._libc()
     assert libc.unshare and libc.mount and libc.getpid() == os.getpid()
+
+
+def test_the_launcher_runs_without_site_and_still_execs_its_program(tmp_path):
+    """sandbox_launch.py is stdlib only, so it runs with -S: no .pth file of the venv (an editable install's import
+    hook among them) is processed before every sandbox start."""
+    from standalone import sandbox_launch
+
+    probe = "import sys; print('site' in sys.modules, sys.flags.isolated)"
+    spec = {"argv": [sys.executable, "-c", probe], "env": {"PATH": "/usr/bin:/bin"}}
+    argv = sandbox_launch.command(spec)
+    # the launcher's own interpreter: -c code run in its place would see what the launcher saw
+    own = [*argv[:-2], "-c", "import sys; print('site' in sys.modules)"]
+    seen = subprocess.run(own, capture_output=True, text=True, check=True, timeout=30)
+    assert seen.stdout.strip() == "False"
+    ran = subprocess.run(argv, capture_output=True, text=True, check=True, timeout=30)
+    assert ran.stdout.strip() == "True 0"  # the program it execs is an ordinary interpreter again
