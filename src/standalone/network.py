@@ -64,21 +64,22 @@ def data_fd(data: bytes) -> int:
 
 
 class PrivateNetwork:
-    """One sandbox's network. The launcher (sandbox_launch.py, still root) makes the namespace and waits; start()
-    plugs slirp4netns into it and lets the launcher go on to bwrap; stop() when the sandbox is gone.
+    """One sandbox's network. The launcher (sandbox_launch.py, still root) makes the namespace and goes on to bwrap;
+    start() plugs slirp4netns into it meanwhile (the sandbox's start waits for both); stop() when the sandbox is
+    gone. The namespace is the launcher's, which bwrap keeps (same process), so slirp4netns finds it by the pid at
+    any time; bwrap's children inherit it.
 
     The namespace belongs to the host's user namespace (bwrap then runs without --unshare-net), so the sandbox has
     no capability over it, and bwrap's own loopback setup never races slirp4netns' netlink calls."""
 
     def __init__(self):
         self._ready_r, self._ready_w = os.pipe()  # launcher → server: the namespace exists, loopback is up
-        self._go_r, self._go_w = os.pipe()  # server → launcher: the NAT is plugged in, go on
         self._resolv = data_fd(f"nameserver {NAMESERVER}\n".encode())
         self._proc: subprocess.Popen | None = None
         self._exit_w: int | None = None
 
     def launch_spec(self) -> dict:
-        return {"net_ready_fd": self._ready_w, "net_go_fd": self._go_r}
+        return {"net_ready_fd": self._ready_w}
 
     def bwrap_args(self) -> list[str]:
         target = "/etc/resolv.conf"
@@ -87,11 +88,11 @@ class PrivateNetwork:
         return ["--ro-bind-data", str(self._resolv), target]
 
     def child_fds(self) -> tuple[int, ...]:
-        return (self._ready_w, self._go_r, self._resolv)
+        return (self._ready_w, self._resolv)
 
     def spawned(self) -> None:
         """The launcher holds its copies now; close ours."""
-        for name in ("_ready_w", "_go_r", "_resolv"):
+        for name in ("_ready_w", "_resolv"):
             fd = getattr(self, name)
             if fd >= 0:
                 os.close(fd)
@@ -134,7 +135,6 @@ class PrivateNetwork:
                 raise OSError(f"slirp4netns failed to configure the network (exit {self._proc.poll()})")
         finally:
             os.close(ready_r)
-        os.write(self._go_w, b"1")  # the launcher goes on to bwrap
 
     @staticmethod
     def _read(fd: int, deadline: float, alive: Callable[[], bool]) -> bytes:
@@ -150,11 +150,9 @@ class PrivateNetwork:
 
     def stop(self) -> None:
         self.spawned()
-        for name in ("_ready_r", "_go_w"):
-            fd = getattr(self, name)
-            if fd >= 0:
-                os.close(fd)  # a launcher still waiting reads EOF and gives up
-                setattr(self, name, -1)
+        if self._ready_r >= 0:
+            os.close(self._ready_r)
+            self._ready_r = -1
         if self._exit_w is not None:
             os.close(self._exit_w)  # slirp4netns exits when this closes
             self._exit_w = None

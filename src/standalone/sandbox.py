@@ -242,17 +242,27 @@ class SandboxContainer:
                 if spec.snapshot_id:  # after the ownership adoption, which changes every ctime
                     await asyncio.to_thread(self._track, spec.snapshot_id)
                 self._spawn(spec)
-                if self._net is not None:
-                    procs = self._group.procs_files if self._group else []
-                    await self._net.start(self._proc.pid, self.startup_timeout, self._log.write_fd, self.running, procs)
-                self._log.close_writer()
-                await self._wait_ready()
+                await self._started()
             except (OSError, ValueError, subprocess.SubprocessError) as exc:
                 await self._kill()
                 raise ProtocolError("container_unavailable", f"the sandbox could not start: {exc}") from None
             except BaseException:
                 await self._kill()
                 raise
+
+    async def _started(self) -> None:
+        """Until the sandbox is ready for commands: its supervisor answers and, with a private network, the NAT is
+        plugged in. The two happen at once: the supervisor's start does not wait for the network."""
+        ready = asyncio.ensure_future(self._ready_signal(self.startup_timeout))
+        try:
+            if self._net is not None:
+                procs = self._group.procs_files if self._group else []
+                await self._net.start(self._proc.pid, self.startup_timeout, self._log.write_fd, self.running, procs)
+            self._log.close_writer()
+            await ready
+        finally:
+            ready.cancel()
+        await self._health()
 
     def _prepare_live_dirs(self) -> None:
         self.root_dir.mkdir(parents=True, exist_ok=True, mode=0o755)
@@ -381,10 +391,10 @@ class SandboxContainer:
             loop.remove_reader(fd)
             os.close(fd)
 
-    async def _wait_ready(self) -> None:
+    async def _health(self) -> None:
+        """Until /health answers (once the ready signal came, at once)."""
         loop = asyncio.get_running_loop()
         deadline = loop.time() + self.startup_timeout
-        await self._ready_signal(self.startup_timeout)
         delay = 0.01
         while True:
             if not self.running():

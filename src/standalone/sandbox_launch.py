@@ -7,8 +7,9 @@ Runs as the server's user in the process that becomes bwrap (so bwrap is the ser
    limited from their first instruction; with `nofile`, cap open files (how slirp4netns is started: the same
    launcher puts it in the sandbox's cgroup and exec's it, steps 1b–3 unused);
 1b. with a private network (network.py): enter a new network namespace (owned by the host's user namespace, so
-   nothing in the sandbox can reconfigure it), bring its loopback up, tell the server (`net_ready_fd`) and wait
-   until the server says slirp4netns has plugged the NAT in (`net_go_fd`);
+   nothing in the sandbox can reconfigure it), bring its loopback up and tell the server (`net_ready_fd`), which
+   plugs slirp4netns in while this goes on: the supervisor starts meanwhile, and the server sends it no command
+   before the NAT is in;
 2. when root, stage the bind sources: in a private mount namespace, bind each host directory the sandbox needs
    (the workspace's live dirs, the Python install, the supervisor's sources) onto a fresh tmpfs at `stage`. bwrap
    then runs unprivileged and could not reach sources below a private directory (`/root`, pytest's 0700 temp
@@ -82,7 +83,7 @@ def stage_sources(stage: str, sources: list[str]) -> None:
         os.close(fd)
 
 
-def private_network(ready_fd: int, go_fd: int) -> None:
+def private_network(ready_fd: int) -> None:
     _check(_libc().unshare(CLONE_NEWNET), "unshare(CLONE_NEWNET)")
     with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as sock:
         ifreq = struct.pack("16sH22x", b"lo", 0)
@@ -90,10 +91,6 @@ def private_network(ready_fd: int, go_fd: int) -> None:
         fcntl.ioctl(sock, SIOCSIFFLAGS, struct.pack("16sH22x", b"lo", flags | IFF_UP))  # 127.0.0.1 comes with it
     os.write(ready_fd, b"1")
     os.close(ready_fd)
-    go = os.read(go_fd, 1)
-    os.close(go_fd)
-    if go != b"1":
-        raise OSError("the server did not set up the sandbox network")
 
 
 def drop_privileges(uid: int, gid: int) -> None:
@@ -110,7 +107,7 @@ def main() -> None:
     if spec.get("nofile") is not None:
         resource.setrlimit(resource.RLIMIT_NOFILE, (spec["nofile"], spec["nofile"]))
     if spec.get("net_ready_fd") is not None:
-        private_network(spec["net_ready_fd"], spec["net_go_fd"])
+        private_network(spec["net_ready_fd"])
     if spec.get("stage"):
         stage_sources(spec["stage"], spec["sources"])
     if spec.get("uid") is not None:

@@ -562,3 +562,27 @@ def test_the_launcher_runs_without_site_and_still_execs_its_program(tmp_path):
     assert seen.stdout.strip() == "False"
     ran = subprocess.run(argv, capture_output=True, text=True, check=True, timeout=30)
     assert ran.stdout.strip() == "True 0"  # the program it execs is an ordinary interpreter again
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="a network namespace of its own needs a root launcher")
+def test_the_launcher_goes_on_to_its_program_once_it_made_the_network_namespace():
+    """The namespace is made, the server told, and bwrap started at once: the supervisor starts while the server
+    plugs slirp4netns in (the sandbox's start waits for both), not after."""
+    from standalone import sandbox_launch
+
+    ready_r, ready_w = os.pipe()
+    probe = "import os; print(os.readlink('/proc/self/ns/net'))"
+    spec = {"net_ready_fd": ready_w, "argv": [sys.executable, "-c", probe], "env": {"PATH": "/usr/bin:/bin"}}
+    try:
+        ran = subprocess.run(
+            sandbox_launch.command(spec), capture_output=True, text=True, pass_fds=(ready_w,), timeout=30
+        )
+        os.close(ready_w)
+        ready_w = -1
+        assert ran.returncode == 0, ran.stderr
+        assert os.read(ready_r, 1) == b"1"  # the server was told, and nothing was asked of it in return
+        assert ran.stdout.strip() != os.readlink("/proc/self/ns/net")  # the program ran in the new namespace
+    finally:
+        os.close(ready_r)
+        if ready_w >= 0:
+            os.close(ready_w)
