@@ -173,7 +173,7 @@ class Request:
     @property
     def content_length(self) -> int | None:
         value = self.headers.get("content-length")
-        return int(value) if value is not None and value.isdigit() else None
+        return int(value) if value is not None and value.isascii() and value.isdigit() else None
 
     async def readany(self) -> bytes:
         """The next piece of the body as it arrived; b"" at its end. Raises ConnectionResetError when the client
@@ -369,9 +369,8 @@ class _Connection(asyncio.Protocol):
         self._cancel_idle()
         if self.upgraded is not None:
             self.upgraded.connection_lost()
-        if self._drain_waiter is not None and not self._drain_waiter.done():
-            self._drain_waiter.set_exception(ConnectionResetError("the client went away"))
-        for request in (self._current, *self._requests):
+        self.resume_writing()  # a writer waiting to drain wakes up to find the connection lost
+        for request in (self._current, self._answering, *self._requests):
             if request is not None:
                 request._wake()
 
@@ -426,10 +425,10 @@ class _Connection(asyncio.Protocol):
         self.transport.write(data)
 
     async def drain(self) -> None:
-        if self.lost:
-            raise ConnectionResetError("the client went away")
         if self._drain_waiter is not None and not self._drain_waiter.done():
             await self._drain_waiter
+        if self.lost:
+            raise ConnectionResetError("the client went away")
 
     def body_taken(self) -> None:
         if self._reading_paused and self._buffered() <= READ_AHEAD_BYTES and not self.lost:

@@ -16,6 +16,7 @@ from websockets.server import ServerProtocol
 from flarebox_supervisor.httpserver import Request
 
 MAX_MESSAGE_BYTES = 4 * 1024 * 1024
+QUEUED_BYTES = 1024 * 1024  # messages received and not yet taken by the handler before reading pauses
 _log = logging.getLogger("flarebox_supervisor.websocket")
 _log.setLevel(logging.WARNING)  # not a line in the sandbox's log per terminal opened and closed
 
@@ -43,6 +44,8 @@ class WebSocket:
         (handshake,) = self._protocol.events_received()
         self._response = self._protocol.accept(handshake)
         self._messages: asyncio.Queue[Message | None] = asyncio.Queue()
+        self._queued = 0
+        self._paused = False
         self._fragments: list[bytes] = []
         self._fragment_text = False
         self._closed = asyncio.get_running_loop().create_future()
@@ -58,7 +61,8 @@ class WebSocket:
         tail, self._connection.upgrade_tail = self._connection.upgrade_tail, b""
         if tail:
             self.data_received(tail)
-        self._connection.transport.resume_reading()
+        if not self._paused:
+            self._connection.transport.resume_reading()  # paused since the upgrade request's head
         await self._connection.drain()
 
     # -- out ---------------------------------------------------------------------------------------------------
@@ -108,7 +112,13 @@ class WebSocket:
         """The client's next whole message; None once the WebSocket is closed (by either side, or broken)."""
         if self._closed.done() and self._messages.empty():
             return None
-        return await self._messages.get()
+        message = await self._messages.get()
+        if message is not None:
+            self._queued -= len(message.data)
+            if self._paused and self._queued <= QUEUED_BYTES and not self._connection.lost:
+                self._paused = False
+                self._connection.transport.resume_reading()
+        return message
 
     def data_received(self, data: bytes) -> None:
         self._protocol.receive_data(data)
@@ -130,13 +140,19 @@ class WebSocket:
             self._end()
 
     def _deliver(self, data: bytes) -> None:
-        if not self._fragment_text:
-            self._messages.put_nowait(Message(data))
-            return
-        try:
-            self._messages.put_nowait(Message(data.decode()))
-        except UnicodeDecodeError:
-            self._protocol.fail(CloseCode.INVALID_DATA, "a text message that is not UTF-8")
+        if self._fragment_text:
+            try:
+                message = Message(data.decode())
+            except UnicodeDecodeError:
+                self._protocol.fail(CloseCode.INVALID_DATA, "a text message that is not UTF-8")
+                return
+        else:
+            message = Message(data)
+        self._messages.put_nowait(message)
+        self._queued += len(message.data)
+        if not self._paused and self._queued > QUEUED_BYTES and not self._connection.lost:
+            self._paused = True  # a client typing (pasting) faster than the pty takes it waits in its socket
+            self._connection.transport.pause_reading()
 
     def connection_lost(self) -> None:
         self._end()

@@ -13,6 +13,7 @@ from flarebox_supervisor.httpserver import (
     MAX_HEAD_BYTES,
     Application,
     Request,
+    Response,
     Server,
     StreamResponse,
     json_response,
@@ -53,6 +54,14 @@ async def _count(request: Request):
     return json_response({"received": total})
 
 
+_SOCKETS: list = []  # the WebSockets _pty opened, for tests that look inside
+_HOLD: list[asyncio.Event] = []  # ?hold=1: the handler waits on the newest before it reads anything
+
+
+async def _big(request: Request):
+    return Response(b"x" * (4 * 1024 * 1024))
+
+
 async def _pty(request: Request):
     from flarebox_supervisor.websocket import WebSocket
 
@@ -60,6 +69,9 @@ async def _pty(request: Request):
     if not ws.ok():
         raise ProtocolError("websocket_required")
     await ws.prepare()
+    _SOCKETS.append(ws)
+    if "hold" in request.query:
+        await _HOLD[-1].wait()
     while (message := await ws.receive()) is not None:
         if message.binary:
             await ws.send_bytes(message.data[::-1])
@@ -81,6 +93,7 @@ def served(tmp_path):
     app.add_route("POST", "/refuse", _refuse)
     app.add_route("PUT", "/count", _count)
     app.add_route("GET", "/pty", _pty)
+    app.add_route("GET", "/big", _big)
     path = str(tmp_path / "s.sock")
     loop = asyncio.new_event_loop()
     server = Server(app)
@@ -276,3 +289,59 @@ def test_a_text_message_that_is_not_utf8_closes_the_websocket_with_1007(served):
     raw = _exchange(served, _ws_handshake() + _frame(0x1, b"\xff\xfe"))
     frames = _server_frames(raw.partition(b"\r\n\r\n")[2])
     assert frames and frames[-1][0] == 0x8 and frames[-1][1][:2] == (1007).to_bytes(2, "big")
+
+
+def test_a_content_length_of_other_digits_is_no_length():
+    from types import SimpleNamespace
+
+    def length(value: str):
+        return Request(SimpleNamespace(app=None), "PUT", b"/x", {"content-length": value}).content_length
+
+    assert length("12") == 12
+    assert length("\u00b2") is None  # latin-1's superscript two is a digit to str.isdigit, not to int()
+
+
+def test_an_answer_left_unread_by_a_client_that_goes_away_leaves_no_stray_error(served):
+    """A whole answer larger than the write buffer pauses writing with nobody waiting on it; the client leaving
+    then must not leave an exception behind that nobody retrieves."""
+    import gc
+
+    loop, path = served
+    errors = []
+    loop.set_exception_handler(lambda _loop, context: errors.append(context))
+
+    async def leave() -> None:
+        reader, writer = await asyncio.open_unix_connection(path)
+        writer.write(b"GET /big HTTP/1.1\r\n\r\n")
+        await reader.readexactly(1000)  # the answer is under way; the rest is never read
+        writer.transport.abort()
+        await asyncio.sleep(0.2)
+
+    loop.run_until_complete(leave())
+    gc.collect()
+    loop.run_until_complete(asyncio.sleep(0))
+    assert errors == []
+
+
+def test_a_websocket_stops_reading_while_its_handler_is_behind(served):
+    loop, path = served
+    _SOCKETS.clear()
+    hold = asyncio.Event()
+    _HOLD.append(hold)
+
+    async def flood() -> bool:
+        reader, writer = await asyncio.open_unix_connection(path)
+        writer.write(_ws_handshake().replace(b"/pty", b"/pty?hold=1"))
+        await reader.readuntil(b"\r\n\r\n")
+        payload = b"k" * 60_000
+        mask = b"\x00\x00\x00\x00"  # a zero mask: the payload goes as it is
+        frame = bytes([0x82, 0xFE]) + len(payload).to_bytes(2, "big") + mask + payload
+        for _ in range(40):  # 2.4 MB, over the 1 MiB the WebSocket queues
+            writer.write(frame)
+        await asyncio.sleep(0.5)
+        paused = _SOCKETS[0]._paused
+        writer.transport.abort()
+        hold.set()
+        return paused
+
+    assert loop.run_until_complete(asyncio.wait_for(flood(), 20)) is True
