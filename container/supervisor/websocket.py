@@ -41,8 +41,8 @@ class WebSocket:
         # the protocol parses the handshake itself before it reads frames: it is given the head httptools parsed
         head = "".join(f"{name}: {value}\r\n" for name, value in request.headers.items())
         self._protocol.receive_data(f"GET / HTTP/1.1\r\n{head}\r\n".encode("latin-1"))
-        (handshake,) = self._protocol.events_received()
-        self._response = self._protocol.accept(handshake)
+        events = self._protocol.events_received()  # empty when it cannot parse that head: no handshake then
+        self._response = self._protocol.accept(events[0]) if events else None
         self._messages: asyncio.Queue[Message | None] = asyncio.Queue()
         self._queued = 0
         self._paused = False
@@ -51,7 +51,7 @@ class WebSocket:
         self._closed = asyncio.get_running_loop().create_future()
 
     def ok(self) -> bool:
-        return self._response.status_code == 101 and self._request.upgrade
+        return self._response is not None and self._response.status_code == 101 and self._request.upgrade
 
     async def prepare(self) -> None:
         """Answer 101 and take the connection over."""

@@ -181,6 +181,12 @@ def test_mistakes_are_protocol_errors(served):
         b"DELETE /fast HTTP/1.1\r\n\r\n": (405, "method_not_allowed"),
         b"HEAD /fast HTTP/1.1\r\n\r\n": (405, "method_not_allowed"),  # no HEAD: a GET may be a whole export
         b"GET /pty HTTP/1.1\r\n\r\n": (426, "websocket_required"),
+        # an upgrade whose head websockets will not read (a header line over its 8 KiB): no handshake, no failure
+        b"GET /pty HTTP/1.1\r\nUpgrade: websocket\r\nConnection: Upgrade\r\nSec-WebSocket-Version: 13\r\n"
+        b"Sec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\nX-Long: " + b"y" * 9000 + b"\r\n\r\n": (
+            426,
+            "websocket_required",
+        ),
         b"GET /fast?bad=%ff HTTP/1.1\r\n\r\n": (400, "invalid_query"),
         b"NOT HTTP\r\n\r\n": (400, "malformed_request"),
         b"GET /fast HTTP/1.1\r\nX-Big: " + b"y" * MAX_HEAD_BYTES + b"\r\n\r\n": (431, "headers_too_large"),
