@@ -104,6 +104,8 @@ class Application(dict):
             segments = [unquote(part, errors="strict") for part in raw_path.decode("ascii").split("/")]
         except UnicodeError:
             raise ProtocolError("not_found") from None
+        if any("/" in segment for segment in segments):  # an encoded slash is part of a segment, never a separator
+            raise ProtocolError("not_found")
         methods, match = self._static.get("/".join(segments)), {}
         if methods is None:
             methods, match = self._match(segments)

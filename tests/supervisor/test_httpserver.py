@@ -90,6 +90,7 @@ def served(tmp_path):
     app.add_route("GET", "/stream", _stream)
     app.add_route("GET", "/slow", _slow)
     app.add_route("GET", "/fast", _echo)
+    app.add_route("GET", "/fast/deep", _echo)
     app.add_route("POST", "/refuse", _refuse)
     app.add_route("PUT", "/count", _count)
     app.add_route("GET", "/pty", _pty)
@@ -178,6 +179,7 @@ def test_a_body_over_the_limit_is_413_and_an_unread_body_does_not_end_the_connec
 def test_mistakes_are_protocol_errors(served):
     cases = {
         b"GET /nope HTTP/1.1\r\n\r\n": (404, "not_found"),
+        b"GET /fast%2Fdeep HTTP/1.1\r\n\r\n": (404, "not_found"),  # an encoded slash separates nothing
         b"DELETE /fast HTTP/1.1\r\n\r\n": (405, "method_not_allowed"),
         b"HEAD /fast HTTP/1.1\r\n\r\n": (405, "method_not_allowed"),  # no HEAD: a GET may be a whole export
         b"GET /pty HTTP/1.1\r\n\r\n": (426, "websocket_required"),
