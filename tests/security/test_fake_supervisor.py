@@ -3,7 +3,7 @@
 The attack: a hostile HTTP server on a unix socket answers every request with 200 and an ENDLESS chunked body
 (64 KiB chunks), or drips one byte every 0.5 s for ever. The server's real client code talks to it: the standalone
 `SandboxResponse` behind a client built as `SandboxContainer` builds its own, the supervisor calls the workspace
-makes (health, error_of, make_dir, sync), and `SandboxContainer._wait_ready`. Each must end promptly, having pulled
+makes (health, error_of, make_dir, sync), and `SandboxContainer._health`. Each must end promptly, having pulled
 at most CONTROL_BODY_BYTES and about one chunk, with the server's Python memory (tracemalloc peak) staying small.
 
 The hostile server stops sending after SAFETY_BYTES and stalls instead of closing: to the client the body is still
@@ -226,7 +226,7 @@ async def test_the_deadline_defaults_to_the_requests_timeout(socket_dir):
 
 
 async def test_startup_polling_refuses_an_endless_health(socket_dir):
-    """`SandboxContainer._wait_ready` polls /health itself: an impostor answering it endlessly costs each poll at
+    """`SandboxContainer._health` polls /health itself: an impostor answering it endlessly costs each poll at
     most the cap, and the start ends with startup_timeout."""
     box = SandboxContainer(
         "ns", "ws", socket_dir / "live", socket_dir / "run", SnapshotStore(socket_dir / "snaps"), startup_timeout=1.0
@@ -237,7 +237,7 @@ async def test_startup_polling_refuses_an_endless_health(socket_dir):
         box._client = _client(box.socket_path)
         try:
             with watched() as seen, pytest.raises(ProtocolError) as err:
-                await asyncio.wait_for(box._wait_ready(), 30)
+                await asyncio.wait_for(box._health(), 30)
         finally:
             box._client.close()
     assert err.value.code == "startup_timeout"
