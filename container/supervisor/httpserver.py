@@ -275,10 +275,6 @@ class StreamResponse:
         self.finished = False
         self._connection: _Connection | None = None
 
-    @property
-    def prepared(self) -> bool:
-        return self._connection is not None
-
     async def prepare(self, request: Request) -> None:
         """Send the head now."""
         self._connection = request.connection
