@@ -1012,13 +1012,15 @@ async def stop_worker(proc) -> None:
         await proc.wait()
 
     try:
-        await asyncio.wait_for(drain(), 10)
+        async with asyncio.timeout(10):
+            await drain()
     except TimeoutError:
         try:
             proc.kill()
         except ProcessLookupError:
             pass
-        await asyncio.wait_for(drain(), 10)
+        async with asyncio.timeout(10):
+            await drain()
 
 
 def check_import_result(answer: bytes, fields: tuple[str, ...] = ("files", "bytes")) -> dict:

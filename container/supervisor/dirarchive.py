@@ -53,7 +53,8 @@ class _Worker:
     async def stderr(self) -> str:
         """All the worker wrote on stderr (its first bytes), once it has ended."""
         await self.proc.wait()
-        await asyncio.wait_for(self._stderr, 5)
+        async with asyncio.timeout(5):
+            await self._stderr
         return self.errors.decode("utf-8", "replace").strip()
 
     async def stop(self) -> None:

@@ -133,7 +133,8 @@ async def export_archive(request: Request) -> StreamResponse:
         chunk = await proc.stdout.read(archive.STREAM_CHUNK)
         if not chunk:
             await proc.wait()
-            await asyncio.wait_for(stderr_task, 5)
+            async with asyncio.timeout(5):
+                await stderr_task
             log.error("export failed: %s", errors.decode("utf-8", "replace").strip())
             raise ProtocolError("internal_error", "the export failed: " + errors.decode("utf-8", "replace")[-500:])
         response = StreamResponse(headers={"Content-Type": "application/zstd", "Cache-Control": "no-store"})
@@ -144,7 +145,8 @@ async def export_archive(request: Request) -> StreamResponse:
             await response.write(chunk)
             chunk = await proc.stdout.read(archive.STREAM_CHUNK)
         if await proc.wait() != 0:
-            await asyncio.wait_for(stderr_task, 5)
+            async with asyncio.timeout(5):
+                await stderr_task
             log.error("export failed mid-stream: %s", errors.decode("utf-8", "replace").strip())
             # no terminating chunk: the client must see a broken transfer, never a short archive as a whole one
             if request.transport is not None:
@@ -186,9 +188,11 @@ async def _import(request: Request, max_bytes: int, max_entries: int) -> Respons
         answer = b""
         while len(answer) <= _RESULT_MAX and (part := await proc.stdout.read(_RESULT_MAX)):
             answer += part
-        await asyncio.wait_for(proc.wait(), 30)
+        async with asyncio.timeout(30):
+            await proc.wait()
         if not answer:
-            await asyncio.wait_for(stderr_task, 5)
+            async with asyncio.timeout(5):
+                await stderr_task
             log.error("import worker failed: %s", errors.decode("utf-8", "replace").strip())
         return json_response(archive.check_import_result(answer))
     finally:

@@ -222,7 +222,8 @@ class Service:
                     self.log.note(f"{exit_text}; restarting in {delay:g} s")
                     self._set_state("backoff")
                     try:
-                        await asyncio.wait_for(self._stop.wait(), delay)
+                        async with asyncio.timeout(delay):
+                            await self._stop.wait()
                         self.log.note("stopped")
                         self._set_state("stopped")
                         return
@@ -284,7 +285,8 @@ class Service:
         self.last_exit = self._exit_record(process.returncode)
         self.pid = None
         try:
-            await asyncio.wait_for(pipe.eof.wait(), _DRAIN_SECONDS)
+            async with asyncio.timeout(_DRAIN_SECONDS):
+                await pipe.eof.wait()
         except TimeoutError:
             pass
         pipe.close()
@@ -351,11 +353,12 @@ class Service:
     async def _answers(self) -> bool:
         port, path = self.spec.port, self.spec.health_path
         try:
-            if path is None:
-                _, writer = await asyncio.wait_for(asyncio.open_connection("127.0.0.1", port), _PROBE_TIMEOUT_SECONDS)
-                writer.close()
-                return True
-            status = await asyncio.wait_for(_probe_status(port, path), _PROBE_TIMEOUT_SECONDS)
+            async with asyncio.timeout(_PROBE_TIMEOUT_SECONDS):
+                if path is None:
+                    _, writer = await asyncio.open_connection("127.0.0.1", port)
+                    writer.close()
+                    return True
+                status = await _probe_status(port, path)
             return status is not None and 200 <= status < 400
         except (OSError, TimeoutError):
             return False
@@ -434,7 +437,8 @@ class Services:
             if remaining <= 0:
                 return False, service.to_json()
             try:
-                await asyncio.wait_for(changed.wait(), remaining)
+                async with asyncio.timeout(remaining):
+                    await changed.wait()
             except TimeoutError:
                 pass
 

@@ -50,7 +50,8 @@ async def follow(journal: Journal, offset: int, heartbeat_seconds: float) -> Asy
             yield Final(encode_event(journal.terminal))
             return
         try:
-            await asyncio.wait_for(changed.wait(), heartbeat_seconds)
+            async with asyncio.timeout(heartbeat_seconds):
+                await changed.wait()
         except TimeoutError:
             yield encode_event(heartbeat_event())
 
@@ -63,6 +64,7 @@ async def _fill(journal: Journal, size: int) -> None:
         if remaining <= 0:
             return
         try:
-            await asyncio.wait_for(journal.changed().wait(), remaining)
+            async with asyncio.timeout(remaining):
+                await journal.changed().wait()
         except TimeoutError:
             return

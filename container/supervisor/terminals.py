@@ -278,7 +278,8 @@ class Session:
         self._waiters.add(waiter)
         add(self._fd, _wake, waiter)
         try:
-            await asyncio.wait_for(waiter, timeout)
+            async with asyncio.timeout(timeout):
+                await waiter
         except TimeoutError:
             pass
         finally:
@@ -299,7 +300,8 @@ class Session:
             return
         signal_group(self.pid, signal.SIGHUP)  # an interactive bash passes it on to its jobs
         try:
-            await asyncio.wait_for(asyncio.shield(self._exit), self._grace)
+            async with asyncio.timeout(self._grace):
+                await asyncio.shield(self._exit)
         except TimeoutError:
             signal_group(self.pid, signal.SIGKILL)
 
@@ -357,7 +359,8 @@ async def _last_words(ws: WebSocket, transport, frame: dict | None, seconds: flo
         await ws.close(code=1000)
 
     try:
-        await asyncio.wait_for(say_and_close(), seconds)
+        async with asyncio.timeout(seconds):
+            await say_and_close()
     except (ConnectionError, TimeoutError):
         if transport is not None:
             transport.abort()

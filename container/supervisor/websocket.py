@@ -81,7 +81,8 @@ class WebSocket:
             self._protocol.send_close(code)
             self._flush()
         try:
-            await asyncio.wait_for(asyncio.shield(self._closed), self._close_seconds)
+            async with asyncio.timeout(self._close_seconds):
+                await asyncio.shield(self._closed)
         finally:
             self._end()
 

@@ -251,7 +251,8 @@ class WorkspaceRegistry:
         for entry in list(self._entries.values()):
             if self._stop_container is not None:
                 try:
-                    await asyncio.wait_for(_maybe_await(self._stop_container(entry.container)), 10)
+                    async with asyncio.timeout(10):
+                        await _maybe_await(self._stop_container(entry.container))
                 except Exception:
                     log.exception("could not stop the sandbox of %s/%s", entry.namespace, entry.name)
             entry.storage.close()

@@ -384,7 +384,8 @@ class SandboxContainer:
         signalled = loop.create_future()
         loop.add_reader(fd, lambda: signalled.done() or signalled.set_result(None))
         try:
-            await asyncio.wait_for(signalled, timeout)
+            async with asyncio.timeout(timeout):
+                await signalled
         except TimeoutError:
             pass  # the loop below reports the timeout
         finally:

@@ -51,7 +51,8 @@ async def open_socket(path: str, target: str, expected: Callable[[], tuple[int, 
     sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM | socket.SOCK_CLOEXEC)
     sock.setblocking(False)
     try:
-        await asyncio.wait_for(asyncio.get_running_loop().sock_connect(sock, path), CONNECT_SECONDS)
+        async with asyncio.timeout(CONNECT_SECONDS):
+            await asyncio.get_running_loop().sock_connect(sock, path)
         pid, uid, _ = peer_credentials(sock)
         peer = expected()
         if peer is None or uid != peer[0] or not descends_from(pid, peer[1]):

@@ -627,3 +627,30 @@ async def test_a_health_probe_reads_only_the_answers_status(answer, status):
     finally:
         server.close()
     assert asked == [f"GET /healthz HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\nConnection: close\r\n\r\n".encode()]
+
+
+async def test_a_probe_cancelled_as_its_connect_fails_still_ends(monkeypatch):
+    """Python 3.11's asyncio.wait_for hands back the inner result when a cancel lands in the step it arrives: a
+    probe of a port nobody listens on then outlived its run, and a shutdown waiting for it never ended."""
+    from flarebox_supervisor.identity import resolve_identity
+    from flarebox_supervisor.servicelog import ServiceLog
+    from flarebox_supervisor.services import Service, Services
+    from flarebox_supervisor.settings import Settings
+    from protocol.services import SupervisedService
+
+    services = Services(Settings(), resolve_identity("nobody"))
+    service = Service("web", SupervisedService("true", free_port(), "/", {}, None, "never"), services, ServiceLog(1000))
+    probe: asyncio.Task | None = None
+    attempts = 0
+
+    async def refused(host, port):
+        nonlocal attempts
+        attempts += 1
+        asyncio.get_running_loop().call_soon(probe.cancel)  # the cancel comes in the step the refusal arrives
+        raise ConnectionRefusedError(111, "Connection refused")
+
+    monkeypatch.setattr(asyncio, "open_connection", refused)
+    probe = asyncio.get_running_loop().create_task(service._probe())
+    done, _ = await asyncio.wait({probe}, timeout=2)
+    assert probe in done and probe.cancelled(), f"the probe lived on after {attempts} attempts"
+    assert attempts == 1 and service.state == "starting"
