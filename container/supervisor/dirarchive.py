@@ -15,7 +15,7 @@ import os
 from flarebox_supervisor import archive, archive_tree
 from flarebox_supervisor.files import _widen_unix_send_buffer
 from flarebox_supervisor.httpio import no_query
-from flarebox_supervisor.httpserver import Application, Request, Response, StreamResponse, json_response
+from flarebox_supervisor.httpserver import Request, Response, StreamResponse, json_response
 from protocol.errors import ERRORS, ProtocolError
 from protocol.validate import validate_abs_path
 
@@ -151,8 +151,3 @@ async def send_body(request: Request, proc, max_bytes: int) -> None:
         except (BrokenPipeError, ConnectionResetError):
             break  # the worker stopped reading: it already has its answer (a refused archive)
     proc.stdin.close()  # the end of the archive: the worker checks the end and only then commits
-
-
-def add_routes(app: Application) -> None:
-    app.add_route("GET", "/files/archive", get_archive)
-    app.add_route("PUT", "/files/archive", put_archive)

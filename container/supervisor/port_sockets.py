@@ -18,7 +18,7 @@ import asyncio
 import os
 import socket
 
-from flarebox_supervisor.httpserver import Application, Request, Response, StreamResponse, error_response
+from flarebox_supervisor.httpserver import Request, Response, StreamResponse, error_response
 from protocol.services import parse_port_segment
 
 HANDED_OVER = b"HTTP/1.1 200 OK\r\nContent-Length: 0\r\nConnection: close\r\n\r\n"
@@ -62,7 +62,3 @@ async def hand_over(request: Request) -> StreamResponse:
     # meets a closed connection and is dropped
     transport.close()
     return Response(status=204)
-
-
-def add_routes(app: Application) -> None:
-    app.add_route("POST", "/port-sockets/{port}", hand_over)

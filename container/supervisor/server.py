@@ -6,14 +6,7 @@ import logging
 import os
 import stat
 
-from flarebox_supervisor import (
-    __version__,
-    filetree,
-    port_sockets,
-    processes,
-    services,
-    terminals,
-)
+from flarebox_supervisor import __version__, filetree, processes
 from flarebox_supervisor.files import _widen_unix_send_buffer, get_file, put_file
 from flarebox_supervisor.httpio import no_query, read_json, stream_journal
 from flarebox_supervisor.httpserver import Application, Request, Response, StreamResponse, json_response
@@ -199,6 +192,22 @@ async def _import(request: Request, max_bytes: int, max_entries: int) -> Respons
         await _finish_worker(proc, stderr_task)
 
 
+# Routes whose module the first request loads: a sandbox that runs no service, terminal, proxied port or directory
+# archive never imports them: its imports and routes took 107 ms instead of 112 ms (p50 of 30, alternating) here.
+_LOADED_ON_FIRST_USE = (
+    ("PUT", "/services", "services", "put_services"),
+    ("GET", "/services", "services", "list_services"),
+    ("PUT", "/services/{name}", "services", "put_service"),
+    ("DELETE", "/services/{name}", "services", "delete_service"),
+    ("GET", "/services/{name}/logs", "services", "service_logs"),
+    ("GET", "/services/{name}/ready", "services", "service_ready"),
+    ("GET", "/pty", "terminals", "open_pty"),
+    ("POST", "/port-sockets/{port}", "port_sockets", "hand_over"),
+    ("GET", "/files/archive", "dirarchive", "get_archive"),
+    ("PUT", "/files/archive", "dirarchive", "put_archive"),
+)
+
+
 def make_app(settings: Settings, identity: Identity, files) -> Application:
     app = Application()
     app["settings"] = settings
@@ -216,14 +225,10 @@ def make_app(settings: Settings, identity: Identity, files) -> Application:
     app.add_route("POST", "/sync", sync)
     app.add_route("GET", "/export", export_archive)
     app.add_route("PUT", "/import", import_archive)
-    services.add_routes(app)
-    port_sockets.add_routes(app)
     filetree.add_routes(app)
-    # dirarchive.add_routes, without importing it
-    app.add_route("GET", "/files/archive", _lazy("dirarchive", "get_archive"))
-    app.add_route("PUT", "/files/archive", _lazy("dirarchive", "put_archive"))
     processes.add_routes(app)
-    terminals.add_routes(app)
+    for method, path, module, name in _LOADED_ON_FIRST_USE:
+        app.add_route(method, path, _lazy(module, name))
 
     async def on_shutdown(app: Application) -> None:
         app["registry"].kill_all()

@@ -468,7 +468,7 @@ async def put_service(request: Request) -> Response:
     name = validate_service_name(request.match_info["name"])
     no_query(request)
     spec = parse_supervised_service(await read_large_json(request, SERVICE_BODY_BYTES))
-    service = await request.app["services"].put(name, spec)
+    service = await services_of(request.app).put(name, spec)
     return json_response(service.to_json())
 
 
@@ -482,18 +482,18 @@ async def put_services(request: Request) -> Response:
     if len(named) > limits.MAX_SERVICES:
         raise ProtocolError("invalid_field", f"a workspace runs at most {limits.MAX_SERVICES} services")
     specs = {validate_service_name(name): _parse(name, value) for name, value in named.items()}
-    return json_response({"services": await request.app["services"].put_all(specs)})
+    return json_response({"services": await services_of(request.app).put_all(specs)})
 
 
 async def list_services(request: Request) -> Response:
     no_query(request)
-    return json_response({"services": request.app["services"].describe()})
+    return json_response({"services": services_of(request.app).describe()})
 
 
 async def delete_service(request: Request) -> Response:
     name = validate_service_name(request.match_info["name"])
     no_query(request)
-    await request.app["services"].delete(name)
+    await services_of(request.app).delete(name)
     return json_response({"name": name, "deleted": True})
 
 
@@ -501,7 +501,7 @@ async def service_logs(request: Request) -> StreamResponse:
     name = validate_service_name(request.match_info["name"])
     no_query(request, frozenset({"offset"}))
     offset = validate_offset(request.query.get("offset", "0"))
-    service = request.app["services"].get(name)
+    service = services_of(request.app).get(name)
     return await stream_journal(request, service.log, offset)
 
 
@@ -519,20 +519,19 @@ async def service_ready(request: Request) -> Response:
     name = validate_service_name(request.match_info["name"])
     no_query(request, frozenset({"timeout"}))
     timeout = _timeout(request.query.get("timeout", str(limits.SERVICE_READY_SECONDS)))
-    ready, service = await request.app["services"].wait_ready(name, timeout)
+    ready, service = await services_of(request.app).wait_ready(name, timeout)
     return json_response({"ready": ready, "service": service})
 
 
-def add_routes(app: Application) -> None:
-    app["services"] = Services(app["settings"], app["identity"])
-    app.add_route("PUT", "/services", put_services)
-    app.add_route("GET", "/services", list_services)
-    app.add_route("PUT", "/services/{name}", put_service)
-    app.add_route("DELETE", "/services/{name}", delete_service)
-    app.add_route("GET", "/services/{name}/logs", service_logs)
-    app.add_route("GET", "/services/{name}/ready", service_ready)
+def services_of(app: Application) -> Services:
+    """The workspace's services, made by the first request about them (this module loads then, not at the
+    supervisor's start), with the shutdown hook that ends them."""
+    services = app.get("services")
+    if services is None:
+        services = app["services"] = Services(app["settings"], app["identity"])
 
-    async def on_shutdown(app: Application) -> None:
-        await app["services"].stop_all()
+        async def on_shutdown(app: Application) -> None:
+            await services.stop_all()
 
-    app.on_shutdown.append(on_shutdown)
+        app.on_shutdown.append(on_shutdown)
+    return services

@@ -463,7 +463,7 @@ async def open_pty(request: Request) -> StreamResponse:
     ws = WebSocket(request, _CLOSE_SECONDS)
     if not ws.ok():
         raise ProtocolError("websocket_required")
-    terminals: Terminals = request.app["terminals"]
+    terminals: Terminals = terminals_of(request.app)
     if query.session is None:
         session, size = await terminals.open(query.cols, query.rows), None
     else:
@@ -484,12 +484,16 @@ async def open_pty(request: Request) -> StreamResponse:
     return ws
 
 
-def add_routes(app: Application) -> None:
-    settings = app["settings"]
-    app["terminals"] = Terminals(app["identity"], settings, settings.pty_linger_seconds)
-    app.add_route("GET", "/pty", open_pty)
+def terminals_of(app: Application) -> Terminals:
+    """The workspace's terminal sessions, made by the first terminal (this module loads then, not at the
+    supervisor's start), with the shutdown hook that ends them."""
+    terminals = app.get("terminals")
+    if terminals is None:
+        settings = app["settings"]
+        terminals = app["terminals"] = Terminals(app["identity"], settings, settings.pty_linger_seconds)
 
-    async def end_sessions(app: Application) -> None:
-        await app["terminals"].end_all()
+        async def end_sessions(app: Application) -> None:
+            await terminals.end_all()
 
-    app.on_shutdown.append(end_sessions)
+        app.on_shutdown.append(end_sessions)
+    return terminals

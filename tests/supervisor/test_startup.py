@@ -79,7 +79,7 @@ def test_the_supervisor_does_not_load_ssl(supervisor):
     assert _HTTP_PARSER in maps  # what the check reads is really the supervisor's serving process
 
 
-def test_archive_and_websocket_modules_are_imported_on_first_use_only(tmp_path):
+def test_archive_service_terminal_and_websocket_modules_are_imported_on_first_use_only(tmp_path):
     script = (
         "import sys\n"
         "from flarebox_supervisor.agent import LocalFiles\n"
@@ -87,17 +87,21 @@ def test_archive_and_websocket_modules_are_imported_on_first_use_only(tmp_path):
         "from flarebox_supervisor.server import make_app\n"
         "from flarebox_supervisor.settings import settings_from_env\n"
         f"make_app(settings_from_env({str(tmp_path)!r}), resolve_identity('nobody'), LocalFiles())\n"
-        "print(sorted(m for m in sys.modules if 'archive' in m or m.startswith(('websockets', 'aiohttp'))))\n"
+        "lazy = ('services', 'terminals', 'port_sockets')\n"
+        "print(sorted(m for m in sys.modules if 'archive' in m or m.startswith(('websockets', 'aiohttp'))"
+        " or m.rpartition('.')[2] in lazy))\n"
     )
     out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, check=True).stdout
     assert out.strip() == "[]"
 
 
-def test_archive_routes_work_once_loaded(supervisor):
+def test_archive_and_service_routes_work_once_loaded(supervisor):
     (supervisor.workspace / "a.txt").write_text("x")
     response = supervisor.client.get("/files/archive", params={"path": str(supervisor.workspace)})
     assert response.status_code == 200 and response.content
     assert supervisor.client.get("/export").status_code == 200
+    assert supervisor.client.get("/services").json() == {"services": []}
+    assert supervisor.client.get("/services/web/logs").json()["error"]["code"] == "service_not_found"
 
 
 @pytest.mark.parametrize("name", ["FLAREBOX_MAX_IMPORT_BYTES", "FLAREBOX_MAX_IMPORT_ENTRIES"])
