@@ -57,10 +57,11 @@ class DiskReserve:
 
     def release(self) -> bool:
         """The disk is full: give the ballast's space to the server's state. True when there was one to give."""
-        with self._lock:
-            if not self.path.exists():
+        with self._lock:  # a thread lock: the worker processes sharing the data dir (workers.py) race at unlink
+            try:
+                self.path.unlink()
+            except FileNotFoundError:  # spent earlier, or another worker process released it a moment ago
                 return False
-            self.path.unlink()
             log.warning("the data dir's disk is full: released the %d-byte reserve for workspace state", self.size)
             return True
 
