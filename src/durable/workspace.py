@@ -56,8 +56,8 @@ _PASS_HEADERS = ("content-type", "content-length")
 # Set while a boot loads an archive (an import, a backup) into a new container, until the loaded files are saved: a
 # disk left behind by a runtime killed meanwhile is discarded, never restarted on (it holds a half-loaded tree).
 _LOADING = "loading_archive"
-# A proxied request's idle push is skipped while the stored deadline already covers it (see _touch): at most one
-# write a second, the deadline that much later than idle_seconds after the last activity, never earlier.
+# An idle push is skipped while the stored deadline already covers it (see _touch): at most one write a second, the
+# deadline that much later than idle_seconds after the last activity, never earlier.
 TOUCH_SLACK_MS = 1000
 
 
@@ -180,22 +180,22 @@ class Workspace:
     def _container_up(self) -> bool:
         return self.state.state in (Lifecycle.RUNNING, Lifecycle.SAVING) and self.container.running()
 
-    async def _touch(self, *, coalesce: bool = False) -> None:
+    async def _touch(self) -> None:
         """Activity: push the idle deadline. A new request also supersedes a pending save retry (the next idle
         deadline saves again).
 
-        `coalesce` (the port proxy, whose requests may come a thousand a second, each touching twice): the deadline
-        is pushed TOUCH_SLACK_MS further than asked, and a touch that the stored deadline already covers (one less
-        than TOUCH_SLACK_MS after the last one that wrote, with no save retry pending) writes nothing: one read
-        instead of three writes and the alarm's. The idle deadline is thus never earlier than idle_seconds after
-        any activity, and at most TOUCH_SLACK_MS later; only last_activity_at may lag by up to TOUCH_SLACK_MS."""
+        Coalesced, because activity comes fast (an exec touches twice, a proxied port may be asked a thousand times
+        a second): the deadline is pushed TOUCH_SLACK_MS further than asked, and a touch that the stored deadline
+        already covers (one less than TOUCH_SLACK_MS after the last one that wrote, with no save retry pending)
+        writes nothing: one read instead of three writes and the alarm's, for every exec in a busy second. The idle
+        deadline is thus never earlier than idle_seconds after any activity, and at most TOUCH_SLACK_MS later; only
+        last_activity_at may lag by up to TOUCH_SLACK_MS."""
         now = self.clock.now_ms()
         idle_at = now + self.settings.idle_seconds * 1000
-        if coalesce:
-            deadlines = self.schedule.deadlines()  # a forgotten workspace has none: never skipped
-            if RETRY not in deadlines and deadlines.get(IDLE, -1) >= idle_at:
-                return
-            idle_at += TOUCH_SLACK_MS
+        deadlines = self.schedule.deadlines()  # a forgotten workspace has none: never skipped
+        if RETRY not in deadlines and deadlines.get(IDLE, -1) >= idle_at:
+            return
+        idle_at += TOUCH_SLACK_MS
         if not self.state.exists:
             return
         self.state.touch(now)
@@ -738,7 +738,7 @@ class Workspace:
 
         async def upstream() -> Any:
             boot = await self._ensure_running()
-            await self._touch(coalesce=True)
+            await self._touch()
             if spec is not None and boot.container != BootMode.CONTINUING:
                 await self.services.ready(self.container, name)  # just started: let it come up first
             return await self.container.fetch_port(port, args.method, target, body=body, headers=headers)
@@ -777,7 +777,7 @@ class Workspace:
         finally:
             self._in_flight.__exit__(None, None, None)
             try:
-                await self._touch(coalesce=True)
+                await self._touch()
             except Exception:
                 log.debug("no idle push after a proxied request", exc_info=True)
 

@@ -39,9 +39,15 @@ def test_command_filling_the_disk_leaves_server_and_neighbours_working(start_ser
                 put_files(client, "disk", ws, files[ws])
 
             _fill(client, "fill")
-            # the first state write that needs space (the command's end is recorded just after its stream ends)
-            # releases the reserve for the server's state
-            wait_until(lambda: not reserve.exists(), 10, what="the reserve to be released")
+            # the first state write that needs space releases the reserve for the server's state: the fill's own
+            # end is activity written at most once a second (durable/workspace.py `_touch`), so the next requests'
+            # writes (an exec's request id, its idle push) may be the first to find the disk full
+            wait_until(
+                lambda: run_ok(client, "disk", "calm", "true") and not reserve.exists(),
+                10,
+                interval=0.5,
+                what="the reserve to be released",
+            )
             # the server, the hog and its neighbour keep working: execs, file reads, status
             assert client.get("/v1/health").status_code == 200
             for ws in ("hog", "calm"):

@@ -1,6 +1,6 @@
-"""A proxied request's idle push writes at most once a TOUCH_SLACK_MS (durable/workspace.py, `_touch(coalesce=True)`),
-and the idle deadline it leaves is never earlier than idle_seconds after any proxied activity, at most
-TOUCH_SLACK_MS later; a pending save retry is still superseded at once."""
+"""Activity's idle push (a proxied request, an exec's start and end) writes at most once a TOUCH_SLACK_MS
+(durable/workspace.py, `_touch`), and the idle deadline it leaves is never earlier than idle_seconds after any
+activity, at most TOUCH_SLACK_MS later; a pending save retry is still superseded at once."""
 
 import pytest
 from test_workspace import IDLE, Env
@@ -10,6 +10,8 @@ from workspace_doubles import Reply
 from durable.schedule import IDLE as IDLE_DEADLINE
 from durable.schedule import RETRY
 from durable.workspace import TOUCH_SLACK_MS
+
+NS = "t"
 
 pytestmark = pytest.mark.timeout(30)
 
@@ -84,3 +86,18 @@ async def test_a_pending_save_retry_is_superseded_at_once(env):
     await proxied_get(env)
     deadlines = env.ws.schedule.deadlines()
     assert RETRY not in deadlines and deadlines[IDLE_DEADLINE] == env.clock.now_ms() + IDLE * 1000 + TOUCH_SLACK_MS
+
+
+async def test_execs_within_the_slack_push_nothing_and_the_deadline_still_covers_their_ends(env):
+    await env.run("true")
+    pushed, active = idle_deadline(env), env.ws.state.status_object(NS, "w", running=True, busy=False, now_ms=0)
+    for _ in range(4):  # 4 execs over 0.8 s: each touches at its start and at its end
+        await env.clock.advance(TOUCH_SLACK_MS / 5 / 1000)
+        await env.run("true")
+        assert idle_deadline(env) >= env.clock.now_ms() + IDLE * 1000
+    assert idle_deadline(env) == pushed  # nothing written for them
+    status = env.ws.state.status_object(NS, "w", running=True, busy=False, now_ms=0)
+    assert status["last_activity_at"] == active["last_activity_at"]  # lags by less than TOUCH_SLACK_MS
+    await env.clock.advance(0.3)
+    await env.run("true")
+    assert idle_deadline(env) == env.clock.now_ms() + IDLE * 1000 + TOUCH_SLACK_MS
