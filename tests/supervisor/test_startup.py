@@ -87,9 +87,9 @@ def test_archive_service_terminal_and_websocket_modules_are_imported_on_first_us
         "from flarebox_supervisor.server import make_app\n"
         "from flarebox_supervisor.settings import settings_from_env\n"
         f"make_app(settings_from_env({str(tmp_path)!r}), resolve_identity('nobody'), LocalFiles())\n"
-        "lazy = ('services', 'terminals', 'port_sockets')\n"
+        "lazy = {'flarebox_supervisor.' + name for name in ('services', 'terminals', 'port_sockets')}\n"
         "print(sorted(m for m in sys.modules if 'archive' in m or m.startswith(('websockets', 'aiohttp'))"
-        " or m.rpartition('.')[2] in lazy))\n"
+        " or m in lazy))\n"
     )
     out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, check=True).stdout
     assert out.strip() == "[]"
