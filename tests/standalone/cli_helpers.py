@@ -1,11 +1,14 @@
 """Running the `flarebox` CLI as a person does: a real process with a real environment, and a real terminal (tmux)."""
 
+import contextlib
 import os
 import re
 import shlex
 import shutil
+import socket
 import subprocess
 import tempfile
+import threading
 import time
 from pathlib import Path
 
@@ -102,3 +105,60 @@ def flarebox_line(*args: str) -> str:
 
 
 HAVE_TMUX = shutil.which("tmux") is not None
+
+
+class CuttableProxy:
+    """A TCP relay in front of a server whose live connections the test can cut (the network dropping).
+
+    close() leaves nothing listening. A listener closed while its thread is blocked in accept() stays open in the
+    kernel and takes the next connection to its port, so it is shut down first, which ends that accept()."""
+
+    def __init__(self, target_port: int):
+        self._target = target_port
+        self._listener = socket.create_server(("127.0.0.1", 0))
+        self.port = self._listener.getsockname()[1]
+        self.url = f"http://127.0.0.1:{self.port}"
+        self._live: list[socket.socket] = []
+        self._lock = threading.Lock()
+        self._acceptor = threading.Thread(target=self._accept, daemon=True)
+        self._acceptor.start()
+
+    def _accept(self) -> None:
+        while True:
+            try:
+                client, _ = self._listener.accept()
+            except OSError:
+                return
+            try:
+                upstream = socket.create_connection(("127.0.0.1", self._target))
+            except OSError:
+                client.close()  # a refused upstream is a refused client, never one left hanging
+                continue
+            with self._lock:
+                self._live += [client, upstream]
+            for a, b in ((client, upstream), (upstream, client)):
+                threading.Thread(target=self._pipe, args=(a, b), daemon=True).start()
+
+    @staticmethod
+    def _pipe(source: socket.socket, sink: socket.socket) -> None:
+        with contextlib.suppress(OSError):
+            while data := source.recv(65536):
+                sink.sendall(data)
+        for sock in (source, sink):
+            with contextlib.suppress(OSError):
+                sock.shutdown(socket.SHUT_RDWR)
+
+    def cut(self) -> None:
+        with self._lock:
+            live, self._live = self._live, []
+        for sock in live:
+            with contextlib.suppress(OSError):
+                sock.shutdown(socket.SHUT_RDWR)
+            sock.close()
+
+    def close(self) -> None:
+        with contextlib.suppress(OSError):
+            self._listener.shutdown(socket.SHUT_RDWR)
+        self._acceptor.join(timeout=10)
+        self._listener.close()
+        self.cut()

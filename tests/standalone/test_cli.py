@@ -1,17 +1,15 @@
 """The `flarebox` CLI as a user runs it: a real subprocess against a real server."""
 
-import contextlib
 import json
 import re
 import shutil
 import signal
 import socket
 import subprocess
-import threading
 import time
 
 import pytest
-from cli_helpers import CONNECTION_VARS, clean_env, client_env, run
+from cli_helpers import CONNECTION_VARS, CuttableProxy, clean_env, client_env, run
 from e2e import flarebox_command, wait_until
 
 pytestmark = [pytest.mark.timeout(180), pytest.mark.skipif(not shutil.which("bwrap"), reason="needs bubblewrap")]
@@ -208,44 +206,20 @@ def test_binary_stdin_is_refused_clearly(server):
 # --- a dropped stream, and attach ----------------------------------------------------------------------------------
 
 
-class CuttableProxy:
-    """A TCP proxy in front of the server whose connections can be cut at will (a dropped network)."""
-
-    def __init__(self, port: int):
-        self.target = port
-        self.listener = socket.create_server(("127.0.0.1", 0))
-        self.url = f"http://127.0.0.1:{self.listener.getsockname()[1]}"
-        self.sockets: list[socket.socket] = []
-        threading.Thread(target=self._accept, daemon=True).start()
-
-    def _accept(self) -> None:
-        while True:
-            try:
-                client, _ = self.listener.accept()
-            except OSError:
-                return
-            upstream = socket.create_connection(("127.0.0.1", self.target))
-            self.sockets += [client, upstream]
-            for a, b in ((client, upstream), (upstream, client)):
-                threading.Thread(target=self._pump, args=(a, b), daemon=True).start()
-
-    @staticmethod
-    def _pump(src: socket.socket, dst: socket.socket) -> None:
-        try:
-            while data := src.recv(65536):
-                dst.sendall(data)
-        except OSError:
-            pass
-
-    def cut(self) -> None:
-        for sock in self.sockets:
-            with contextlib.suppress(OSError):
-                sock.shutdown(socket.SHUT_RDWR)
-            sock.close()
-
-    def close(self) -> None:
-        self.listener.close()
-        self.cut()
+def test_a_closed_proxy_leaves_nothing_listening_and_refuses_when_its_target_does():
+    """The relay the drop tests use: a closed one must not take a later test's connection, and a refused upstream
+    refuses the client rather than leaving it waiting (the CLI would report a timeout)."""
+    dead = socket.create_server(("127.0.0.1", 0))
+    dead_port = dead.getsockname()[1]
+    dead.close()
+    proxy = CuttableProxy(dead_port)
+    try:
+        with socket.create_connection(("127.0.0.1", proxy.port), timeout=10) as client:
+            assert client.recv(1) == b""  # closed at once, not held open
+    finally:
+        proxy.close()
+    with pytest.raises(ConnectionRefusedError):
+        socket.create_connection(("127.0.0.1", proxy.port), timeout=10)
 
 
 def test_a_dropped_stream_names_the_request_and_attach_follows_it_to_its_exit_code(server):

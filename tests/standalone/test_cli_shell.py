@@ -2,68 +2,15 @@
 its own, the local terminal restored, and a dropped connection resumed on the same session."""
 
 import shutil
-import socket
-import threading
 
 import pytest
-from cli_helpers import HAVE_TMUX, Terminal, clean_env, client_env, flarebox_line
+from cli_helpers import HAVE_TMUX, CuttableProxy, Terminal, clean_env, client_env, flarebox_line
 
 pytestmark = [
     pytest.mark.timeout(180),
     pytest.mark.skipif(not shutil.which("bwrap"), reason="needs bubblewrap"),
     pytest.mark.skipif(not HAVE_TMUX, reason="needs tmux (scripts/setup.sh dev installs it)"),
 ]
-
-
-class CuttableProxy:
-    """A TCP relay in front of the server whose live connections the test can cut (the network dropping)."""
-
-    def __init__(self, target_port: int):
-        self._target = target_port
-        self._listener = socket.create_server(("127.0.0.1", 0))
-        self.port = self._listener.getsockname()[1]
-        self._live: list[socket.socket] = []
-        self._lock = threading.Lock()
-        threading.Thread(target=self._accept, daemon=True).start()
-
-    def _accept(self) -> None:
-        while True:
-            try:
-                client, _ = self._listener.accept()
-            except OSError:
-                return
-            upstream = socket.create_connection(("127.0.0.1", self._target))
-            with self._lock:
-                self._live += [client, upstream]
-            for a, b in ((client, upstream), (upstream, client)):
-                threading.Thread(target=self._pipe, args=(a, b), daemon=True).start()
-
-    @staticmethod
-    def _pipe(source: socket.socket, sink: socket.socket) -> None:
-        try:
-            while data := source.recv(65536):
-                sink.sendall(data)
-        except OSError:
-            pass
-        for sock in (source, sink):
-            try:
-                sock.shutdown(socket.SHUT_RDWR)
-            except OSError:
-                pass
-
-    def cut(self) -> None:
-        with self._lock:
-            live, self._live = self._live, []
-        for sock in live:
-            try:
-                sock.shutdown(socket.SHUT_RDWR)
-            except OSError:
-                pass
-            sock.close()
-
-    def close(self) -> None:
-        self._listener.close()
-        self.cut()
 
 
 @pytest.fixture
@@ -107,9 +54,7 @@ def test_ctrl_c_goes_to_the_remote_command_not_to_the_shell_command(terminal):
 
 def test_a_dropped_connection_says_so_and_resumes_the_same_session(server, tmp_path):
     proxy = CuttableProxy(server.port)
-    term = Terminal(
-        clean_env(FLAREBOX_ENDPOINT=f"http://127.0.0.1:{proxy.port}", FLAREBOX_TOKEN=server.token), tmp_path
-    )
+    term = Terminal(clean_env(FLAREBOX_ENDPOINT=proxy.url, FLAREBOX_TOKEN=server.token), tmp_path)
     try:
         term.type(flarebox_line("shell", "ttyshell") + '; echo "rc=$?"')
         term.type("KEPT=yes-$((3*3))")
