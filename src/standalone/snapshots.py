@@ -52,6 +52,7 @@ import json
 import os
 import re
 import secrets
+import select
 import shutil
 import subprocess
 import tempfile
@@ -139,6 +140,14 @@ def _read_tail(f) -> str:
     return _tail(_read_tail_bytes(f))
 
 
+def _exit_fd(pid: int) -> int | None:
+    """A descriptor that turns readable when process `pid` exits (a pidfd), or None where the kernel has none."""
+    try:
+        return os.pidfd_open(pid)
+    except (AttributeError, OSError):
+        return None
+
+
 def _is_root() -> bool:
     return os.geteuid() == 0
 
@@ -169,11 +178,25 @@ def _probe_ctime(base_dir: Path, tree: Path) -> int:
     return st.st_ctime_ns - (0 if st.st_dev == os.stat(tree).st_dev else SNAR_MARGIN_NS)
 
 
-def _snar_fields(data: bytes) -> tuple[bytes, list[bytes], list[tuple[int, int]]]:
-    """Split a snapshot file of format 2 (header line, then NUL-terminated fields: the dump time, then per directory
-    nfs, mtime s, mtime ns, dev, ino, name, its entries, an empty entry and one more NUL) into its header, its
-    fields and, per directory record, the index of its first field and of the empty entry that ends it. ValueError
-    when it is not that format."""
+@dataclass(frozen=True)
+class Snar:
+    """A snapshot file of format 2, parsed once per save: its bytes, header line and NUL-terminated fields (the dump
+    time, then per directory nfs, mtime s, mtime ns, dev, ino, name, its entries, an empty entry and one more NUL),
+    and per directory record the index of its first field and of the empty entry that ends it."""
+
+    data: bytes
+    header: bytes
+    fields: list[bytes]
+    records: list[tuple[int, int]]
+
+    def listings(self) -> dict[bytes, list[bytes]]:
+        """Per directory, its entries (flag and name)."""
+        fields = self.fields
+        return {fields[i + 5]: fields[i + 6 : end] for i, end in self.records}
+
+
+def parse_snar(data: bytes) -> Snar:
+    """ValueError when `data` is not a whole snapshot file of format 2 (e.g. one a crash tore)."""
     newline = data.find(b"\n")
     header = data[: newline + 1]
     if newline < 0 or not header.startswith(b"GNU tar-") or not header.endswith(b"-2\n"):
@@ -181,8 +204,8 @@ def _snar_fields(data: bytes) -> tuple[bytes, list[bytes], list[tuple[int, int]]
     fields = data[newline + 1 :].split(b"\0")
     if len(fields) < 3 or fields.pop() != b"" or not fields[0].isdigit() or not fields[1].isdigit():
         raise ValueError("truncated snapshot file")
-    # one record per directory of the tree, each checked with a few C-level calls: a save parses its snar files
-    # several times, and per-field Python code cost milliseconds of every incremental save on a tree of 10,000 files
+    # one record per directory of the tree, each checked with a few C-level calls: per-field Python code cost
+    # milliseconds of every incremental save on a tree of 10,000 files
     records, i, n, index = [], 2, len(fields), fields.index
     while i < n:
         numbers = fields[i : i + 5]
@@ -196,48 +219,41 @@ def _snar_fields(data: bytes) -> tuple[bytes, list[bytes], list[tuple[int, int]]
             raise ValueError("malformed directory record")
         records.append((i, end))
         i = end + 2
-    return header, fields, records
+    return Snar(data, header, fields, records)
 
 
-def normalize_snar(data: bytes, not_after_ns: int | None = None) -> bytes:
-    """GNU tar's snapshot file (see _snar_fields) with every device number set to 0 and the dump time lowered to
-    `not_after_ns` (see the module docstring). ValueError when it is not that format (nothing then gets saved as a
-    base: the next save is full)."""
-    header, fields, records = _snar_fields(data)
+def normalize_snar(snar: Snar, not_after_ns: int | None = None) -> bytes:
+    """The snapshot file with every device number set to 0 and the dump time lowered to `not_after_ns` (see the
+    module docstring)."""
+    fields = list(snar.fields)
     stamp = int(fields[0]) * 1_000_000_000 + int(fields[1])
     stamp = stamp if not_after_ns is None else min(stamp, not_after_ns)
     fields[0], fields[1] = str(stamp // 1_000_000_000).encode(), str(stamp % 1_000_000_000).encode()
-    for i, _end in records:
+    for i, _end in snar.records:
         fields[i + 3] = b"0"
-    return header + b"\0".join(fields) + b"\0"
-
-
-def _snar_listings(data: bytes) -> dict[bytes, list[bytes]]:
-    """Per directory of a snapshot file, its entries (flag and name)."""
-    _header, fields, records = _snar_fields(data)
-    return {fields[i + 5]: fields[i + 6 : end] for i, end in records}
+    return snar.header + b"\0".join(fields) + b"\0"
 
 
 _OTHER_FLAG = re.compile(rb"\0[^0-9.YND\0]")
 
 
-def snar_deletes(parent: bytes, new: bytes) -> bool:
+def _kinds(entries: list[bytes]) -> set[bytes]:
+    """A listing's entries with Y (saved in this archive) as N (unchanged): the same kind, a non-directory."""
+    return set((b"\0" + b"\0".join(entries)).replace(b"\0Y", b"\0N").split(b"\0")[1:])
+
+
+def snar_deletes(parent: Snar, new: Snar) -> bool:
     """Whether the tree `new` describes lost (or changed between directory and not) anything the tree `parent`
     describes had. When not, the increment's restore needs no `tar -G`: extracting it over its parent's tree adds
-    and replaces files, which is all it holds (every entry of the parent's tree is in its listings with its kind).
-    True when either does not parse: -G is always right, only slower."""
-    # an entry's flag is Y (saved in this archive), N (unchanged) or D (a directory): Y and N are the same kind.
+    and replaces files, which is all it holds (every entry of the parent's tree is in its listings with its kind)."""
     # Only an entry starts with a letter after a NUL (numbers are digits, directory names start with "."), so any
-    # other flag (tar's rename records) shows here: -G then
-    if _OTHER_FLAG.search(parent) or _OTHER_FLAG.search(new):
+    # flag but Y, N and D (tar's rename records) shows here: -G then
+    if _OTHER_FLAG.search(parent.data) or _OTHER_FLAG.search(new.data):
         return True
-    try:
-        before, after = (_snar_listings(data.replace(b"\0Y", b"\0N")) for data in (parent, new))
-    except ValueError:
-        return True
-    for directory, entries in before.items():
+    after = new.listings()
+    for directory, entries in parent.listings().items():
         now = after.get(directory)
-        if now is None or (entries != now and not set(entries).issubset(now)):
+        if now is None or (entries != now and not _kinds(entries) <= _kinds(now)):
             return True
     return False
 
@@ -423,11 +439,11 @@ class SnapshotStore:
     def live_base(self, namespace: str, workspace: str, base_dir: str | os.PathLike) -> str | None:
         """The snapshot the next save with this `base_dir` would be an increment of, or None (a full save)."""
         found = self._base(self._dir(namespace, workspace), Path(base_dir))
-        return found[-1].id if found else None
+        return found[0][-1].id if found else None
 
-    def _base(self, ws_dir: Path, base_dir: Path) -> list[Manifest] | None:
-        """The chain the next save extends: the newest `<id>.snar` in base_dir whose snapshot is still intact and
-        whose chain has room for one more link. None: the next save is full."""
+    def _base(self, ws_dir: Path, base_dir: Path) -> tuple[list[Manifest], Snar] | None:
+        """The chain the next save extends and its newest link's snar: the newest `<id>.snar` in base_dir whose
+        snapshot is still intact and whose chain has room for one more link. None: the next save is full."""
         try:
             names = sorted((e.name for e in base_dir.iterdir()), reverse=True)
         except (FileNotFoundError, NotADirectoryError):
@@ -439,13 +455,13 @@ class SnapshotStore:
             try:
                 # an unlisted (deleted) snapshot still serves as a base while its archive is kept
                 chain = self._chain(ws_dir, snapshot_id, listed=False)
-                _snar_fields((base_dir / name).read_bytes())  # parses: not torn by a crash
+                snar = parse_snar((base_dir / name).read_bytes())  # parses: not torn by a crash
             except (ProtocolError, OSError, ValueError):
                 continue
             increments = sum(m.size for m in chain[1:])
             if len(chain) >= MAX_CHAIN or increments > chain[0].size * MAX_INCREMENT_SHARE:
                 return None  # a new full save starts the next chain
-            return chain
+            return chain, snar
         return None
 
     @staticmethod
@@ -484,10 +500,10 @@ class SnapshotStore:
             tmp.unlink(missing_ok=True)
 
     @staticmethod
-    def _keep_snar(tmp: Path, base_dir: Path, snapshot_id: str, since_ns: int, raw: bytes | None = None) -> None:
-        """Normalise the snar tar wrote at `tmp` (`raw`, when the caller has read it) and make it base_dir's only
-        one, as `<snapshot_id>.snar`."""
-        data = normalize_snar(tmp.read_bytes() if raw is None else raw, since_ns)
+    def _keep_snar(tmp: Path, base_dir: Path, snapshot_id: str, since_ns: int, parsed: Snar | None = None) -> None:
+        """Normalise the snar tar wrote at `tmp` (`parsed`, when the caller has read it) and make it base_dir's
+        only one, as `<snapshot_id>.snar`. ValueError when it does not parse."""
+        data = normalize_snar(parse_snar(tmp.read_bytes()) if parsed is None else parsed, since_ns)
         final = base_dir / (snapshot_id + SNAR_SUFFIX)
         # no fsync: whichever snar a crash leaves is named after the snapshot it describes, and one the crash tore
         # fails _base's parse (a full save then). A new file, not `tmp` rewritten: ext4 flushes a file truncated to
@@ -534,29 +550,29 @@ class SnapshotStore:
         tmp_archive = ws_dir / (TMP_PREFIX + snapshot_id + ARCHIVE_SUFFIX)
         tmp_snar = None if base_dir is None else base_dir / (TMP_PREFIX + snapshot_id + SNAR_SUFFIX)
         with self._lock:  # chosen and pinned at once: a delete cannot collect the chain this save extends
-            chain = self._base(ws_dir, base_dir) if base_dir is not None else None
+            found = self._base(ws_dir, base_dir) if base_dir is not None else None
+            chain, parent_snar = found if found else (None, None)
             pins = [m.id for m in chain or []] + [snapshot_id]
             self._pin(ws_dir, pins)
         try:
             ws_dir.mkdir(parents=True, exist_ok=True)
             snar_args: list[str] = []
-            parent_snar = b""
             if base_dir is not None:
                 base_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
                 for entry in base_dir.iterdir():  # an earlier save's crash leftovers (saves are serialised)
                     if entry.name.startswith(TMP_PREFIX):
                         entry.unlink(missing_ok=True)
-                if chain:  # tar updates the snar in place: work on a copy, the base stays as it was
-                    parent_snar = (base_dir / (chain[-1].id + SNAR_SUFFIX)).read_bytes()
-                    _write_file(tmp_snar, parent_snar, sync=False)
+                if parent_snar is not None:  # tar updates the snar in place: work on a copy, the base stays as it was
+                    _write_file(tmp_snar, parent_snar.data, sync=False)
                 snar_args = [f"--listed-incremental={tmp_snar}", "--no-check-device"]
                 since = _probe_ctime(base_dir, source)
             size, sha = self._write_archive(source, tmp_archive, snar_args)
             os.rename(tmp_archive, archive)
             parent = chain[-1] if chain else None
             new_snar = None
-            with contextlib.suppress(OSError):  # (then _keep_snar fails too: the next save is full)
-                new_snar = None if tmp_snar is None else tmp_snar.read_bytes()
+            with contextlib.suppress(OSError, ValueError):  # (then _keep_snar fails too: the next save is full)
+                new_snar = None if tmp_snar is None else parse_snar(tmp_snar.read_bytes())
+            # an unreadable snar cannot tell: -G is always right, only slower
             deletes = parent is not None and (new_snar is None or snar_deletes(parent_snar, new_snar))
             manifest = Manifest(
                 id=snapshot_id,
@@ -617,6 +633,7 @@ class SnapshotStore:
                 raise
             _grow_pipe(tar.stdout.fileno())
             tar.stdout.close()  # zstd owns the read end now; tar gets SIGPIPE if zstd dies
+            exited = _exit_fd(zstd.pid)
             try:
                 flushed = 0
                 while True:
@@ -631,12 +648,17 @@ class SnapshotStore:
                         flushed = size
                     if finished:
                         break
-                    time.sleep(_FOLLOW_SECONDS)
+                    if exited is None:
+                        time.sleep(_FOLLOW_SECONDS)
+                    else:  # the same wait, cut short the moment zstd exits: a small archive's save ends sooner
+                        select.select([exited], [], [], _FOLLOW_SECONDS)
             except BaseException:
                 for proc in (tar, zstd):
                     proc.kill()
                 raise
             finally:
+                if exited is not None:
+                    os.close(exited)
                 tar_rc, zstd_rc = tar.wait(), zstd.wait()
             # tar exits 1 when files changed while it read them: a live workspace, still a consistent-enough snapshot
             if tar_rc not in (0, 1):
