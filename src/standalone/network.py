@@ -138,12 +138,13 @@ class PrivateNetwork:
 
     @staticmethod
     def _read(fd: int, deadline: float, alive: Callable[[], bool]) -> bytes:
+        waiter = select.poll()  # not select(): a busy server's descriptors pass its FD_SETSIZE (1024)
+        waiter.register(fd, select.POLLIN)
         while True:
             left = deadline - time.monotonic()
             if left <= 0:
                 raise OSError("the sandbox network was not ready in time")
-            ready, _, _ = select.select([fd], [], [], min(left, 0.1))
-            if ready:
+            if waiter.poll(min(left, 0.1) * 1000):
                 return os.read(fd, 1)
             if not alive():
                 raise OSError("the sandbox exited while its network was set up")

@@ -634,6 +634,10 @@ class SnapshotStore:
             _grow_pipe(tar.stdout.fileno())
             tar.stdout.close()  # zstd owns the read end now; tar gets SIGPIPE if zstd dies
             exited = _exit_fd(zstd.pid)
+            waiter = None
+            if exited is not None:  # poll, not select: a busy server's descriptors pass select's FD_SETSIZE
+                waiter = select.poll()
+                waiter.register(exited, select.POLLIN)
             try:
                 flushed = 0
                 while True:
@@ -648,10 +652,10 @@ class SnapshotStore:
                         flushed = size
                     if finished:
                         break
-                    if exited is None:
+                    if waiter is None:
                         time.sleep(_FOLLOW_SECONDS)
                     else:  # the same wait, cut short the moment zstd exits: a small archive's save ends sooner
-                        select.select([exited], [], [], _FOLLOW_SECONDS)
+                        waiter.poll(_FOLLOW_SECONDS * 1000)
             except BaseException:
                 for proc in (tar, zstd):
                     proc.kill()

@@ -7,6 +7,7 @@ import hashlib
 import json
 import os
 import random
+import resource
 import stat
 import subprocess
 import time
@@ -679,3 +680,38 @@ def test_a_kernel_without_pidfds_still_saves_and_restores(env, monkeypatch, tmp_
     inc = store.create("ns", "ws", live, base_dir=base)
     assert manifest(store, inc.id)["parent"] == full.id
     assert restored(store, inc.id, tmp_path / "out") == listing(live)
+
+
+def _is_open(fd: int) -> bool:
+    try:
+        os.fstat(fd)
+    except OSError:
+        return False
+    return True
+
+
+def test_the_hash_waits_on_zstd_through_a_descriptor_past_select_limits(env, monkeypatch, tmp_path):
+    """A server with many workspaces holds descriptors numbered past 1024, where select() refuses one."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if hard != resource.RLIM_INFINITY and hard < 1600:
+        pytest.skip("the descriptor limit is too low to place one past 1024")
+    live, store, base = env
+    tree(live, files=30)
+    real = snapshots._exit_fd
+
+    def numbered_high(pid):
+        fd = real(pid)
+        if fd is None:
+            pytest.skip("no pidfds on this kernel")
+        free = next(n for n in range(1100, 1600) if not _is_open(n))  # never one the test process uses
+        os.dup2(fd, free)
+        os.close(fd)
+        return free
+
+    resource.setrlimit(resource.RLIMIT_NOFILE, (max(soft, 1600), hard))
+    try:
+        monkeypatch.setattr(snapshots, "_exit_fd", numbered_high)
+        saved = store.create("ns", "ws", live, base_dir=base)
+    finally:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
+    assert restored(store, saved.id, tmp_path / "out") == listing(live)
