@@ -54,9 +54,10 @@ def test_idle_persistent_workspace_is_snapshotted_stopped_and_restored_intact(id
         run_ok(client, "idle", "keep", "mkdir -p /workspace/d && seq 1 5000 > /workspace/d/n.txt && echo hi > ~/h")
         # no request from here on: the idle alarm snapshots and stops it
         wait_until(lambda: manifests(srv, "idle", "keep"), 30, what="an idle snapshot")
-        wait_until(lambda: not sandbox_pids(srv, "keep"), 30, what="the sandbox to stop")
+        # the state turns stopped once the teardown is done, a moment after the sandbox's processes are gone
+        wait_until(lambda: client.get(ws_url("idle", "keep")).json()["state"] == "stopped", 30, what="a stopped state")
         status = client.get(ws_url("idle", "keep")).json()
-        assert status["state"] == "stopped" and status["running"] is False
+        assert status["running"] is False and not sandbox_pids(srv, "keep")
         assert status["last_snapshot"]["id"] == manifests(srv, "idle", "keep")[-1].stem
 
         events = exec_events(client, "idle", "keep", "wc -l < /workspace/d/n.txt; cat ~/h")
