@@ -7,13 +7,13 @@ import hashlib
 import json
 import os
 import random
-import resource
 import stat
 import subprocess
 import time
 from pathlib import Path
 
 import pytest
+from high_fds import move_past_select_limits, room_past_select_limits  # noqa: F401 - a fixture
 
 from protocol.errors import ProtocolError
 from standalone import snapshots
@@ -682,19 +682,9 @@ def test_a_kernel_without_pidfds_still_saves_and_restores(env, monkeypatch, tmp_
     assert restored(store, inc.id, tmp_path / "out") == listing(live)
 
 
-def _is_open(fd: int) -> bool:
-    try:
-        os.fstat(fd)
-    except OSError:
-        return False
-    return True
-
-
+@pytest.mark.usefixtures("room_past_select_limits")
 def test_the_hash_waits_on_zstd_through_a_descriptor_past_select_limits(env, monkeypatch, tmp_path):
     """A server with many workspaces holds descriptors numbered past 1024, where select() refuses one."""
-    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
-    if hard != resource.RLIM_INFINITY and hard < 1600:
-        pytest.skip("the descriptor limit is too low to place one past 1024")
     live, store, base = env
     tree(live, files=30)
     real = snapshots._exit_fd
@@ -703,15 +693,8 @@ def test_the_hash_waits_on_zstd_through_a_descriptor_past_select_limits(env, mon
         fd = real(pid)
         if fd is None:
             pytest.skip("no pidfds on this kernel")
-        free = next(n for n in range(1100, 1600) if not _is_open(n))  # never one the test process uses
-        os.dup2(fd, free)
-        os.close(fd)
-        return free
+        return move_past_select_limits(fd)
 
-    resource.setrlimit(resource.RLIMIT_NOFILE, (max(soft, 1600), hard))
-    try:
-        monkeypatch.setattr(snapshots, "_exit_fd", numbered_high)
-        saved = store.create("ns", "ws", live, base_dir=base)
-    finally:
-        resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
+    monkeypatch.setattr(snapshots, "_exit_fd", numbered_high)
+    saved = store.create("ns", "ws", live, base_dir=base)
     assert restored(store, saved.id, tmp_path / "out") == listing(live)

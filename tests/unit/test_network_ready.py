@@ -2,42 +2,21 @@
 numbers past 1024, where select() refuses one."""
 
 import os
-import resource
 import time
 
 import pytest
+from high_fds import move_past_select_limits, room_past_select_limits  # noqa: F401 - a fixture
 
 from standalone.network import PrivateNetwork
 
 
-def _free_fd_past_select_limits() -> int:
-    for fd in range(1100, 1600):
-        try:
-            os.fstat(fd)
-        except OSError:
-            return fd
-    pytest.skip("no free descriptor between 1100 and 1600")
-
-
-@pytest.fixture
-def high_limit():
-    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
-    if hard != resource.RLIM_INFINITY and hard < 1600:
-        pytest.skip("the descriptor limit is too low to place one past 1024")
-    resource.setrlimit(resource.RLIMIT_NOFILE, (max(soft, 1600), hard))
-    yield
-    resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
-
-
 def _pipe_numbered_high() -> tuple[int, int]:
     r, w = os.pipe()
-    high = _free_fd_past_select_limits()
-    os.dup2(r, high)
-    os.close(r)
-    return high, w
+    return move_past_select_limits(r), w
 
 
-def test_the_ready_byte_is_read_from_a_descriptor_past_1024(high_limit):
+@pytest.mark.usefixtures("room_past_select_limits")
+def test_the_ready_byte_is_read_from_a_descriptor_past_1024():
     r, w = _pipe_numbered_high()
     try:
         os.write(w, b"1")
@@ -47,7 +26,8 @@ def test_the_ready_byte_is_read_from_a_descriptor_past_1024(high_limit):
         os.close(w)
 
 
-def test_a_writer_gone_without_the_byte_ends_the_wait_at_once(high_limit):
+@pytest.mark.usefixtures("room_past_select_limits")
+def test_a_writer_gone_without_the_byte_ends_the_wait_at_once():
     r, w = _pipe_numbered_high()
     try:
         os.close(w)
