@@ -12,7 +12,9 @@ protocol client, measured against baselines taken in the same run.
   restore           first exec on a stopped workspace holding 100 MB (half incompressible), → first output, vs the
                     bare `zstd -d | tar -x` of its archive in the same run. Goal ≤ 1.3× the bare extract.
   files             GET and PUT of 100 MiB through the whole stack with curl (it writes the file it gets, as the
-                    copy does), vs shutil.copyfile of the same file. Goal ≥ 0.7× the copy's throughput.
+                    copy does), vs shutil.copyfile of the same file. Goal ≥ 0.7× the copy's throughput. Beside
+                    them, report only, the same curl against a server that only moves the bytes
+                    (bench/bare_files.py): the floor any server reaches with this client on this machine.
   memory            the server's RSS growth per idle workspace (created, booted once, idle), and a sandbox's RSS.
 """
 
@@ -34,6 +36,7 @@ from pathlib import Path
 
 import httpx
 
+from bench import bare_files
 from bench.framework import figure, percentile, timed, timed_pair
 from flarebox_hermes.client import Client
 
@@ -318,7 +321,18 @@ def _files(server: Server, client: Client, root: Path, size: int, repeat: int) -
     get_s, more = timed_pair(get, copy, repeat, warmup=1)
     if hashlib.sha256(fetched.read_bytes()).digest() != hashlib.sha256(source.read_bytes()).digest():
         raise RuntimeError("the file came back different")
+    # the same curl against a server that only moves the bytes: the floor any server reaches with this client
+    with bare_files.serving(source) as bare_get_url, bare_files.serving(root / "bare_put.bin") as bare_put_url:
+        bare_get_s, bare_copies = timed_pair(
+            lambda: subprocess.run(["curl", "-sSf", "-o", str(fetched), bare_get_url], check=True), copy, repeat
+        )
+        bare_put_s, more_bare = timed_pair(
+            lambda: subprocess.run(["curl", "-sSf", "-T", str(source), "-o", os.devnull, bare_put_url], check=True),
+            copy,
+            repeat,
+        )
     mib, copy_rate = size / MIB, size / MIB / statistics.median(copies + more)
+    bare_copy_rate = size / MIB / statistics.median(bare_copies + more_bare)
     return [
         figure(
             f"file {label} {mib:.0f} MiB, full stack (curl)",
@@ -331,6 +345,17 @@ def _files(server: Server, client: Client, root: Path, size: int, repeat: int) -
             note=f"median of {repeat}, interleaved with the copies",
         )
         for label, samples in (("GET", get_s), ("PUT", put_s))
+    ] + [
+        figure(
+            f"file {label} {mib:.0f} MiB, bare sendfile/recv_into server (curl)",
+            mib / statistics.median(samples),
+            "MiB/s",
+            "shutil.copyfile",
+            bare_copy_rate,
+            better="higher",
+            note=f"the floor of the row above on this machine (bench/bare_files.py); median of {repeat}, interleaved",
+        )
+        for label, samples in (("GET", bare_get_s), ("PUT", bare_put_s))
     ]
 
 
