@@ -71,3 +71,41 @@ async def test_a_bulk_body_is_read_a_megabyte_ahead_of_the_app_and_no_further():
         release.set()
         protocol.connection_lost(None)
         await asyncio.sleep(0)
+
+
+async def test_a_body_piece_the_app_is_waiting_for_reaches_it_without_a_copy_and_queued_pieces_in_order():
+    """Each piece llhttp hands over is a new bytes object; uvicorn appended every one to a bytearray and copied that
+    again for the app (two copies of every byte of a 100 MiB PUT). A piece the app keeps up with is now handed over
+    as it is; pieces that queue behind a slow app are joined, in order."""
+    started = asyncio.Event()
+    release = asyncio.Event()
+    receives = []
+
+    async def app(scope, receive, send):
+        receives.append(receive)
+        started.set()
+        await release.wait()
+
+    config = uvicorn.Config(app, http=FlareboxHttpToolsProtocol, lifespan="off", log_level="warning")
+    protocol = FlareboxHttpToolsProtocol(config, ServerState(), app_state={})
+    protocol.connection_made(RecordingTransport())
+    try:
+        protocol.data_received(b"PUT /f HTTP/1.1\r\nhost: x\r\ncontent-length: 12\r\n\r\n")
+        await asyncio.wait_for(started.wait(), 5)
+        receive = receives[0]
+        alone, queued, behind, last = b"a" * 3, b"b" * 3, b"c" * 3, b"d" * 3
+        protocol.on_body(alone)
+        first = await asyncio.wait_for(receive(), 5)
+        assert first["body"] is alone and first["more_body"]
+        protocol.on_body(queued)
+        protocol.on_body(behind)
+        second = await asyncio.wait_for(receive(), 5)
+        assert second["body"] == queued + behind and isinstance(second["body"], bytes)
+        protocol.on_body(last)
+        protocol.on_message_complete()
+        third = await asyncio.wait_for(receive(), 5)
+        assert third["body"] is last and third["more_body"] is False
+    finally:
+        release.set()
+        protocol.connection_lost(None)
+        await asyncio.sleep(0)
