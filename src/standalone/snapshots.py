@@ -587,8 +587,12 @@ class SnapshotStore:
             with self._lock:
                 self._write_manifest(ws_dir, manifest)
         except (OSError, subprocess.SubprocessError, _PipelineError) as exc:
-            # best-effort cleanup: the failure may be that ws_dir itself is unusable (e.g. a file in its place)
-            for leftover in (tmp_archive, archive, ws_dir / (TMP_PREFIX + snapshot_id + MANIFEST_SUFFIX), tmp_snar):
+            # best-effort cleanup: the failure may be that ws_dir itself is unusable (e.g. a file in its place). The
+            # manifest goes first: renamed into place before its directory's fsync failed, it would otherwise list a
+            # snapshot whose archive this loop then removes (the id is this save's own, so nothing else has it)
+            manifest_path = ws_dir / (snapshot_id + MANIFEST_SUFFIX)
+            tmp_manifest = ws_dir / (TMP_PREFIX + snapshot_id + MANIFEST_SUFFIX)
+            for leftover in (manifest_path, tmp_manifest, tmp_archive, archive, tmp_snar):
                 with contextlib.suppress(OSError):
                     if leftover is not None:
                         leftover.unlink(missing_ok=True)

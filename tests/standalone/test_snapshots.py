@@ -193,3 +193,34 @@ def test_unusable_store_directory_is_snapshot_failed_not_a_crash(tmp_path):
         store.create("ns", "ws", source)
     assert info.value.code == "snapshot_failed"
     assert (source / "workspace" / "a.txt").read_text() == "keep me"
+
+
+def test_a_save_whose_commit_fsync_fails_is_undone_whole_and_the_previous_one_stays(tmp_path, monkeypatch):
+    """The manifest's rename is the commit; the fsync of its directory after it can still fail. The save is then
+    reported failed, so it must not stay listed either: listed with its archive removed, it would be a snapshot that
+    can never be restored (and the newest one, so the next boot would try it)."""
+    live = tmp_path / "live"
+    (live / "workspace").mkdir(parents=True)
+    (live / "workspace" / "a.txt").write_text("first")
+    store = SnapshotStore(tmp_path / "store")
+    ok = store.create("ns", "ws", live)
+    (live / "workspace" / "a.txt").write_text("second")
+    committed = store._write_manifest
+
+    def commit_then_fail(ws_dir, manifest):
+        committed(ws_dir, manifest)
+        raise OSError(5, "Input/output error")  # as fsync_dir would, after the rename
+
+    monkeypatch.setattr(store, "_write_manifest", commit_then_fail)
+    with pytest.raises(ProtocolError) as err:
+        store.create("ns", "ws", live)
+    assert err.value.code == "snapshot_failed"
+    monkeypatch.undo()
+    assert store.list("ns", "ws") == [ok]
+    assert sorted(p.name for p in (tmp_path / "store" / "ns" / "ws").iterdir()) == [
+        f"{ok.id}.json",
+        f"{ok.id}.tar.zst",
+    ]
+    target = tmp_path / "restored"
+    store.restore("ns", "ws", ok.id, target)
+    assert (target / "workspace" / "a.txt").read_text() == "first"
