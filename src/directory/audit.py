@@ -6,7 +6,7 @@ and anything shaped like a key secret become `[redacted]`.
 """
 
 import re
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from typing import Any
 
 from durable.timefmt import iso_ms
@@ -37,7 +37,8 @@ class AuditRecord:
     at_ms: int | None = None  # stamped by the directory when it stores the record (the request's end)
 
     def to_json(self) -> dict[str, Any]:
-        return asdict(self)
+        # not dataclasses.asdict: its recursive deep copy was a third of the audit's cost on every request
+        return {**self.__dict__, "detail": dict(self.detail)}
 
     @classmethod
     def from_json(cls, obj: dict[str, Any]) -> "AuditRecord":

@@ -209,9 +209,11 @@ class Directory:
     def append_audit(self, record: dict[str, Any]) -> dict[str, int]:
         r = AuditRecord.from_json(record)
         at_ms = self._clock.now_ms()
-        self._sql(
+        # RETURNING: one statement, not a second one for last_insert_rowid() (every audited request makes one, and
+        # on Cloudflare each statement is a call out of Pyodide)
+        rows = self._sql(
             "INSERT INTO audit (at_ms, key_id, key_label, namespace, workspace, operation, request_id, status, code,"
-            " duration_ms, detail) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+            " duration_ms, detail) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?) RETURNING seq",
             at_ms,
             r.key_id,
             r.key_label,
@@ -224,7 +226,7 @@ class Directory:
             r.duration_ms,
             json.dumps(r.detail, ensure_ascii=False, separators=(",", ":")),
         )
-        seq = self._sql("SELECT last_insert_rowid() AS seq")[0]["seq"]
+        seq = rows[0]["seq"]
         if (seq - 1) % PRUNE_EVERY == 0:
             self._prune(seq)
         return {"seq": seq}

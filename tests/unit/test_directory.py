@@ -1,7 +1,9 @@
 """The directory object (directory/directory.py) over a real SQLite file: keys, the workspace index and the audit
 log, through `call` as the edge uses it."""
 
+import json
 import sqlite3
+from dataclasses import fields
 
 import pytest
 from edge_doubles import FixedClock
@@ -279,3 +281,33 @@ async def test_a_full_disk_does_not_lock_keys_out(directory, monkeypatch):
     with pytest.raises(ProtocolError) as err:
         await mint(directory)  # what must be written still fails as it should
     assert err.value.code == "storage_full"
+
+
+def test_an_audit_record_round_trips_through_json_and_its_detail_is_a_copy():
+    original = AuditRecord(
+        key_id="k1",
+        key_label="ci",
+        namespace="ns",
+        workspace="ws",
+        operation="write_file",
+        request_id="r1",
+        status=200,
+        code=None,
+        duration_ms=4,
+        detail={"path": "/workspace/a", "size": 3},
+        at_ms=7,
+    )
+    wire = original.to_json()
+    assert set(wire) == {f.name for f in fields(AuditRecord)}
+    assert AuditRecord.from_json(json.loads(json.dumps(wire))) == original
+    wire["detail"]["size"] = 99  # what the caller does with it never reaches the record
+    assert original.detail == {"path": "/workspace/a", "size": 3}
+
+
+async def test_each_audit_append_answers_its_own_rows_sequence_number(directory, clock):
+    seqs = [(await directory.call("append_audit", {"record": record()}))["seq"] for _ in range(3)]
+    assert seqs == [1, 2, 3]
+    page = await directory.call(
+        "list_audit", {"namespace": None, "workspace": None, "since_ms": None, "before": None, "limit": 9}
+    )
+    assert [r["seq"] for r in page["records"]] == [3, 2, 1]
