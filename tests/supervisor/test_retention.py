@@ -61,3 +61,24 @@ async def test_running_commands_are_never_dropped():
         while running.journal.terminal is None:
             await running.journal.changed().wait()
     assert running.journal.terminal["reason"] == "cancelled"
+
+
+async def test_the_command_that_ended_last_is_kept_whichever_started_first():
+    """Retention counts from a command's end: one that started first but ran longest is the newest journal (the
+    one a caller is most likely to reattach to), so a count bound drops the ones that ended before it."""
+    registry = _registry(journal_max_requests=2)
+    long_id = secrets.token_hex(16)
+    long = registry.start(parse_exec_request({"request_id": long_id, "command": "sleep 0.3"}), "/")
+    quick = [await _run(registry, "true") for _ in range(2)]
+    while long.journal.terminal is None:
+        await long.journal.changed().wait()
+    registry.prune()
+    assert registry.get(long_id) is long
+    assert [registry.get(i) is not None for i in quick] == [False, True]
+
+
+async def test_a_long_history_keeps_exactly_the_newest_within_every_bound():
+    registry = _registry(journal_max_requests=5, journal_budget_chars=35)
+    ids = [await _run(registry, "printf '%010d' 0") for _ in range(12)]  # 10 code points each
+    assert [registry.get(i) is not None for i in ids] == [False] * 9 + [True] * 3
+    assert [c.request.request_id for c in registry.recent()] == ids[:-4:-1]
