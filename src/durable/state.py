@@ -87,7 +87,7 @@ class WorkspaceState:
 
     @property
     def exists(self) -> bool:
-        return self.config is not None
+        return self._store.has("config")
 
     @property
     def config(self) -> dict[str, Any] | None:

@@ -49,6 +49,12 @@ class Store:
             self._cache = {row["key"]: row["value"] for row in self.sql("SELECT key, value FROM meta")}
         return self._cache
 
+    def has(self, key: str) -> bool:
+        """A value other than null is stored under `key` (without decoding it: a workspace's config is read this
+        way on every request only to learn that the workspace exists)."""
+        text = self._meta().get(key)
+        return text is not None and text != "null"
+
     def get(self, key: str, default: Any = None) -> Any:
         text = self._meta().get(key)
         return json.loads(text) if text is not None else default

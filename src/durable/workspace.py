@@ -275,11 +275,20 @@ class Workspace:
 
     async def _ensure_running(self, listener: Listener | None = None) -> BootOutcome:
         """Make the container run, sharing one boot between concurrent callers; `listener` gets its status events."""
+        if self._already_running():
+            return BootOutcome(BootMode.CONTINUING)
         if not self._boot.in_progress:
-            if self._container_up() and self.state.state == Lifecycle.RUNNING and not self._lifecycle.locked():
-                return BootOutcome(BootMode.CONTINUING)
             self._boot.start(self._boot_once)
         return await self._boot.join(listener)
+
+    def _already_running(self) -> bool:
+        """Running, with no boot or lifecycle change under way: a request may go straight to the container."""
+        return (
+            not self._boot.in_progress
+            and self._container_up()
+            and self.state.state == Lifecycle.RUNNING
+            and not self._lifecycle.locked()
+        )
 
     async def _boot_once(self) -> BootOutcome:
         async with self._lifecycle:
@@ -458,11 +467,14 @@ class Workspace:
     async def _launch(self, writer: EventWriter, request: ExecRequest) -> None:
         """Boot if needed, hand the request to the supervisor, relay its stream."""
         rid = request.request_id
-        writer.start_heartbeat()
-        try:
-            boot = await self._ensure_running(writer.event)
-        finally:
-            await writer.stop_heartbeat()
+        if self._already_running():  # nothing to wait for: no heartbeat task to start and cancel
+            boot = BootOutcome(BootMode.CONTINUING)
+        else:
+            writer.start_heartbeat()
+            try:
+                boot = await self._ensure_running(writer.event)
+            finally:
+                await writer.stop_heartbeat()
         if self._launches.cancelled(rid):
             raise ProtocolError("command_cancelled")
         snapshot = boot.snapshot.to_wire() if boot.snapshot is not None else None

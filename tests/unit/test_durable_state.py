@@ -233,3 +233,13 @@ def test_wipe_forgets_the_cached_values(store):
     store.put("state", "running")
     store.wipe()
     assert store.get("state") is None
+
+
+def test_has_tells_a_stored_value_from_none_without_decoding_it(store):
+    assert not store.has("config")
+    store.put("config", None)
+    assert not store.has("config")  # a stored null is no value, as get() reads it
+    store.put("config", CONFIG)
+    assert store.has("config") and store.get("config") == CONFIG
+    store.delete("config")
+    assert not store.has("config")

@@ -186,6 +186,22 @@ async def test_second_exec_continues_without_status_events(env):
     assert len(env.container.starts) == 1
 
 
+async def test_an_exec_on_a_running_workspace_starts_no_heartbeat(env, monkeypatch):
+    """Heartbeats cover a boot; with the container already running there is nothing to wait for, and a heartbeat
+    task started and cancelled around no wait cost every exec two rounds of the event loop."""
+    from durable.relay import EventWriter
+
+    started = []
+    start_heartbeat = EventWriter.start_heartbeat
+    monkeypatch.setattr(EventWriter, "start_heartbeat", lambda writer: (started.append(1), start_heartbeat(writer)))
+    await env.put()
+    await env.run()
+    assert started == [1]  # the boot had one
+    events = await env.run("echo again")
+    assert types(events) == ["started", "output", "exit"] and events[0]["container"] == "continuing"
+    assert started == [1]
+
+
 async def test_concurrent_execs_share_one_start_and_its_outcome(env):
     await env.put()
     env.container.start_gate = asyncio.Event()
