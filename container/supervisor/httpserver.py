@@ -330,6 +330,7 @@ class _Connection(asyncio.Protocol):
         self._reading_paused = False
         self._drain_waiter: asyncio.Future | None = None
         self._idle: asyncio.TimerHandle | None = None
+        self._idle_since: float | None = None  # when the connection last fell idle; None while a request is on it
 
     # -- asyncio.Protocol --------------------------------------------------------------------------------------
 
@@ -383,7 +384,7 @@ class _Connection(asyncio.Protocol):
     # -- httptools callbacks -----------------------------------------------------------------------------------
 
     def on_message_begin(self) -> None:
-        self._cancel_idle()
+        self._idle_since = None  # busy: the idle timer, if it fires now, looks again later
         self._url, self._headers, self._head_bytes = b"", {}, 0
 
     def on_url(self, url: bytes) -> None:
@@ -511,9 +512,12 @@ class _Connection(asyncio.Protocol):
             self.transport.close()
 
     def _start_idle(self) -> None:
-        self._cancel_idle()
-        if not self.lost:
-            self._idle = asyncio.get_running_loop().call_later(KEEP_ALIVE_SECONDS, self._idle_expired)
+        """Idle from now. One timer per connection, re-armed when it fires early, instead of one cancelled and
+        made anew around every request (a timer heap entry each time, on the exec path)."""
+        loop = asyncio.get_running_loop()
+        self._idle_since = loop.time()
+        if self._idle is None and not self.lost:
+            self._idle = loop.call_later(KEEP_ALIVE_SECONDS, self._idle_expired)
 
     def _cancel_idle(self) -> None:
         if self._idle is not None:
@@ -522,7 +526,15 @@ class _Connection(asyncio.Protocol):
 
     def _idle_expired(self) -> None:
         self._idle = None
-        if self._answering is None and not self._requests and not self.lost:
+        if self.lost or self.upgraded is not None:
+            return  # a WebSocket's own pings look after it
+        loop = asyncio.get_running_loop()
+        idle_since = self._idle_since
+        busy = idle_since is None or self._answering is not None or bool(self._requests)
+        left = KEEP_ALIVE_SECONDS if busy else idle_since + KEEP_ALIVE_SECONDS - loop.time()
+        if left > 0:
+            self._idle = loop.call_later(left, self._idle_expired)
+        else:
             self.transport.close()
 
     def close(self) -> None:

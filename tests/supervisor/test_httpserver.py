@@ -353,3 +353,46 @@ def test_a_websocket_stops_reading_while_its_handler_is_behind(served):
         return paused
 
     assert loop.run_until_complete(asyncio.wait_for(flood(), 20)) is True
+
+
+def test_a_kept_connection_closes_only_after_keep_alive_seconds_of_idleness(tmp_path, monkeypatch):
+    """Idleness counts from the last answer: a request that takes longer than the keep-alive is not cut, a pause
+    shorter than it keeps the connection, and a longer one closes it."""
+    from flarebox_supervisor import httpserver
+
+    keep = 0.4
+    monkeypatch.setattr(httpserver, "KEEP_ALIVE_SECONDS", keep)
+
+    async def wait(request: Request):
+        await asyncio.sleep(float(request.query["s"]))
+        return json_response({"waited": True})
+
+    app = Application()
+    app.add_route("GET", "/wait", wait)
+    path = str(tmp_path / "s.sock")
+
+    async def scenario() -> float:
+        server = Server(app)
+        await server.start(path=path)
+        try:
+            reader, writer = await asyncio.open_unix_connection(path)
+            for seconds, pause in ((2.5 * keep, 0.5 * keep), (0, 0)):
+                writer.write(b"GET /wait?s=%g HTTP/1.1\r\n\r\n" % seconds)
+                head = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), 10)
+                assert head.startswith(b"HTTP/1.1 200")
+                length = int(head.lower().split(b"content-length: ")[1].split(b"\r\n")[0])
+                await asyncio.wait_for(reader.readexactly(length), 10)
+                answered = asyncio.get_running_loop().time()
+                await asyncio.sleep(pause)
+            assert await asyncio.wait_for(reader.read(1), 10) == b""  # the server closed it
+            idle = asyncio.get_running_loop().time() - answered
+            writer.close()
+            return idle
+        finally:
+            await server.stop()
+
+    loop = asyncio.new_event_loop()
+    try:
+        assert loop.run_until_complete(scenario()) >= keep * 0.95
+    finally:
+        loop.close()
