@@ -589,10 +589,16 @@ class SnapshotStore:
         except (OSError, subprocess.SubprocessError, _PipelineError) as exc:
             # best-effort cleanup: the failure may be that ws_dir itself is unusable (e.g. a file in its place). The
             # manifest goes first: renamed into place before its directory's fsync failed, it would otherwise list a
-            # snapshot whose archive this loop then removes (the id is this save's own, so nothing else has it)
+            # snapshot whose archive this loop then removes (the id is this save's own, so nothing else has it). One
+            # that cannot be removed keeps its archive: listed and whole is restorable, listed and empty is not.
             manifest_path = ws_dir / (snapshot_id + MANIFEST_SUFFIX)
+            try:
+                manifest_path.unlink(missing_ok=True)
+                unlisted = True
+            except OSError:
+                unlisted = False
             tmp_manifest = ws_dir / (TMP_PREFIX + snapshot_id + MANIFEST_SUFFIX)
-            for leftover in (manifest_path, tmp_manifest, tmp_archive, archive, tmp_snar):
+            for leftover in (tmp_manifest, tmp_archive, archive if unlisted else None, tmp_snar):
                 with contextlib.suppress(OSError):
                     if leftover is not None:
                         leftover.unlink(missing_ok=True)
