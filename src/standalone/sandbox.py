@@ -54,6 +54,7 @@ from standalone.cgroups import Cgroups, SandboxGroup, limits_for
 from standalone.config import IMAGE_BINDS_VAR, ImageBind, parse_image_binds
 from standalone.log_tail import LogTail
 from standalone.network import PrivateNetwork, data_fd, private_network_available
+from standalone.restoring import BackgroundRestore
 from standalone.sandbox_socket import SupervisorSocket, open_socket
 from standalone.snapshots import SnapshotStore
 from standalone.supervisor_http import Answer, SupervisorConnections
@@ -229,26 +230,63 @@ class SandboxContainer:
             if self.running():
                 return
             await self._reap()
+            restoring: BackgroundRestore | None = None
             try:
                 if spec.snapshot_id:  # snapshot_damaged leaves the live dir as it was
                     # first: while the tree is being replaced, nothing may pair it with the old base
                     await asyncio.to_thread(self.store.forget, self.base_dir)
-                    await asyncio.to_thread(
-                        self.store.restore, self.namespace, self.workspace, spec.snapshot_id, self.root_dir
+                    restoring = BackgroundRestore(
+                        self.store,
+                        self.namespace,
+                        self.workspace,
+                        spec.snapshot_id,
+                        self.root_dir,
+                        LIVE_SUBDIRS,
+                        decide_seconds=4 * self.startup_timeout,  # the network, the ready signal, /health, margin
                     )
-                elif not self.root_dir.is_dir():
-                    await asyncio.to_thread(self.store.forget, self.base_dir)  # a fresh tree: its first save is full
-                self._prepare_live_dirs()
-                if spec.snapshot_id:  # after the ownership adoption, which changes every ctime
-                    await asyncio.to_thread(self._track, spec.snapshot_id)
-                self._spawn(spec)
-                await self._started()
+                    await self._boot_restoring(spec, restoring)
+                    await asyncio.to_thread(self._track, spec.snapshot_id)  # after the adoption: it changes ctimes
+                else:
+                    if not self.root_dir.is_dir():
+                        await asyncio.to_thread(self.store.forget, self.base_dir)  # a fresh tree: a full first save
+                    await self._boot(spec, self.root_dir)
             except (OSError, ValueError, subprocess.SubprocessError) as exc:
-                await self._kill()
+                await self._stop_start(restoring)
                 raise ProtocolError("container_unavailable", f"the sandbox could not start: {exc}") from None
             except BaseException:
-                await self._kill()
+                await self._stop_start(restoring)
                 raise
+
+    async def _boot(self, spec: StartSpec, live_root: Path) -> None:
+        """Start the sandbox on the live subdirs under `live_root` and wait until it is ready for commands."""
+        if live_root == self.root_dir:
+            self._prepare_live_dirs()
+        self._fresh_socket_dir()
+        self._spawn(spec, live_root)
+        await self._started()
+
+    async def _boot_restoring(self, spec: StartSpec, restoring: BackgroundRestore) -> None:
+        """Start the sandbox on the staged live subdirs while the snapshot is extracted into them (restoring.py);
+        once both are done, swap the tree into place and adopt it: nothing in the sandbox runs yet."""
+        boot_error: Exception | None = None
+        try:
+            await self._boot(spec, restoring.staging)
+        except Exception as exc:  # raised below, unless the archive itself is why (it replaced a staged subdir)
+            boot_error = exc
+        if await restoring.extracted():  # the sandbox did not bind the tree's own subdirs: start it on those
+            await self._kill()
+            await restoring.finish()
+            await self._boot(spec, self.root_dir)
+            return
+        if boot_error is not None:
+            raise boot_error  # the live dir stays as it was: the start abandons the extraction
+        await restoring.finish()
+        self._prepare_live_dirs()
+
+    async def _stop_start(self, restoring: BackgroundRestore | None) -> None:
+        if restoring is not None:
+            restoring.abandon()
+        await self._kill()
 
     async def _started(self) -> None:
         """Until the sandbox is ready for commands: its supervisor answers and, with a private network, the NAT is
@@ -278,12 +316,14 @@ class SandboxContainer:
                 os.chmod(path, mode)
             if self._as_root:
                 os.lchown(path, uid, gid)
-        # a fresh, server-only directory on every start: nothing of a predecessor's is used, whatever it left
+
+    def _fresh_socket_dir(self) -> None:
+        """A fresh, server-only directory on every start: nothing of a predecessor's is used, whatever it left."""
         remove_path(self.socket_dir)
         self.socket_dir.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
         self.socket_dir.mkdir(mode=0o700)
 
-    def _spawn(self, spec: StartSpec) -> None:
+    def _spawn(self, spec: StartSpec, live_root: Path) -> None:
         sources: list[str] = []  # host directories to stage for an unprivileged bwrap (root server only)
 
         def source(path: str | Path) -> str:
@@ -304,9 +344,7 @@ class SandboxContainer:
             self._net = PrivateNetwork() if spec.enable_internet and private_network_available() else None
             self._shares_host_network = spec.enable_internet and self._net is None
             # source() stages in call order (the launcher's numbering): live dirs first, then Python sources
-            live = LiveDirs(
-                source(self.root_dir / "workspace"), source(self.root_dir / "home"), source(self.root_dir / "tmp")
-            )
+            live = LiveDirs(source(live_root / "workspace"), source(live_root / "home"), source(live_root / "tmp"))
             python_sources = [(source(path), path) for path in _python_sources()]
             image_binds = [(source(b.source), b.target) for b in self.image_binds.get(spec.image, ())]
             env = {"PATH": PATH, "HOME": SANDBOX_HOME, "LANG": "C.UTF-8", "USER": SANDBOX_USER, **(spec.env or {})}

@@ -783,9 +783,32 @@ class SnapshotStore:
 
     # ---- restoring ----------------------------------------------------------------------------------------
     def restore(self, namespace: str, workspace: str, snapshot_id: str, target_dir: str | os.PathLike) -> SnapshotInfo:
-        """Replace `target_dir` with the snapshot's files, atomically: each archive of its chain is extracted into
-        a staging directory, full base first, each one sha256-checked. Raises ProtocolError('snapshot_damaged')
-        (target untouched) when an archive does not match its manifest or does not unpack."""
+        """Replace `target_dir` with the snapshot's files, atomically: the chain is extracted into a staging
+        directory (`extract`) that is then swapped in. Raises ProtocolError('snapshot_damaged') (target untouched)
+        when an archive does not match its manifest or does not unpack."""
+        self._check_id(snapshot_id)
+        target = Path(target_dir)
+        staging = self.staging_for(target)
+        try:
+            info = self.extract(namespace, workspace, snapshot_id, staging)
+            swap_into_place(staging, target)
+        except BaseException:
+            shutil.rmtree(staging, ignore_errors=True)
+            raise
+        return info
+
+    @staticmethod
+    def staging_for(target: Path) -> Path:
+        """A new, empty directory beside `target` to restore into (`.tmp-restore-<name>-<hex>`: a crash leaves it
+        to the sandbox's cleanup of restore leftovers)."""
+        target.parent.mkdir(parents=True, exist_ok=True)
+        staging = target.parent / f"{TMP_PREFIX}restore-{target.name}-{secrets.token_hex(4)}"
+        staging.mkdir(mode=0o700)
+        return staging
+
+    def extract(self, namespace: str, workspace: str, snapshot_id: str, staging: Path) -> SnapshotInfo:
+        """Extract the snapshot's chain into `staging` (empty, or holding only empty live subdirs), full base
+        first, each archive sha256-checked; the caller swaps it in, or removes it when this raises."""
         ws_dir = self._dir(namespace, workspace)
         self._check_id(snapshot_id)
         with self._lock:
@@ -793,22 +816,13 @@ class SnapshotStore:
             ids = [m.id for m in chain]
             self._pin(ws_dir, ids)
         try:
-            target = Path(target_dir)
-            target.parent.mkdir(parents=True, exist_ok=True)
-            staging = target.parent / f"{TMP_PREFIX}restore-{target.name}-{secrets.token_hex(4)}"
-            staging.mkdir(mode=0o700)
-            try:
-                # one tar per link: each run's end applies its symlinks (tar defers them so that no later member
-                # of the same archive is written through one), and the next link's directory listings then
-                # replace what changed type; one tar over the whole chain would apply them all at the very end,
-                # and could turn a file a later link put in a deferred symlink's place (the same inode number,
-                # reused) back into that symlink
-                for link in chain:
-                    self._extract(ws_dir / (link.id + ARCHIVE_SUFFIX), link, staging, snapshot_id)
-                swap_into_place(staging, target)
-            except BaseException:
-                shutil.rmtree(staging, ignore_errors=True)
-                raise
+            # one tar per link: each run's end applies its symlinks (tar defers them so that no later member of
+            # the same archive is written through one), and the next link's directory listings then replace what
+            # changed type; one tar over the whole chain would apply them all at the very end, and could turn a
+            # file a later link put in a deferred symlink's place (the same inode number, reused) back into that
+            # symlink
+            for link in chain:
+                self._extract(ws_dir / (link.id + ARCHIVE_SUFFIX), link, staging, snapshot_id)
         finally:
             self._unpin(ws_dir, ids)
         return chain[-1].info()

@@ -215,7 +215,8 @@ def adopt_tree(root: Path, uid: int, gid: int) -> None:
     uids, or restored from an older snapshot (the archive keeps numeric owners). The sandbox can only ever own its
     files as its one uid, so all of them become that uid. Symlinks are changed themselves, never followed. The live
     top dirs go last: when they already belong to `uid` (the common case) there is nothing to do and no walk, and an
-    interrupted adoption is finished at the next start. Root only; the sandbox must not be running."""
+    interrupted adoption is finished at the next start. Root only; nothing of the workspace's may run meanwhile (the
+    sandbox is stopped, or holds only its supervisor before the first command: restoring.py)."""
     tops = [os.path.join(root, name) for name in LIVE_DIRS]
     if all(_owned_dir(Path(top), uid, gid) for top in tops):
         return

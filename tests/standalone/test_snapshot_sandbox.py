@@ -1,6 +1,7 @@
 """Incremental snapshots through a real bubblewrap sandbox: the live base follows saves, restores and restarts, it
 lives outside anything the sandbox reaches, and forks (snapshot_ref / adopt_snapshot) restore in another workspace."""
 
+import asyncio
 import json
 import secrets
 import time
@@ -137,3 +138,70 @@ async def test_a_failed_stat_walk_after_a_restore_only_makes_the_next_save_full(
     assert sandbox.store.live_base("ns", "ws", sandbox.base_dir) is None
     second = await sandbox.snapshot()
     assert manifest(sandbox, second.id)["parent"] is None
+
+
+async def test_a_restore_is_extracted_while_its_sandbox_starts(make_sandbox, monkeypatch):
+    sandbox = make_sandbox()
+    await sandbox.start(spec())
+    await run(sandbox, FILL)
+    saved = await sandbox.snapshot()
+    state = tree_digest(sandbox.root_dir)
+    await sandbox.destroy()
+
+    extract, seen = sandbox.store.extract, []
+
+    def extract_once_the_sandbox_runs(*args):
+        deadline = time.monotonic() + 20
+        while not sandbox.running() and time.monotonic() < deadline:
+            time.sleep(0.005)
+        seen.append(sandbox.running())  # false when the sandbox only starts after the extraction
+        return extract(*args)
+
+    monkeypatch.setattr(sandbox.store, "extract", extract_once_the_sandbox_runs)
+    await sandbox.start(spec(saved.id))
+    assert seen == [True]
+    assert tree_digest(sandbox.root_dir) == state  # and the sandbox's /workspace is that tree, not the staging copy
+    assert await run(sandbox, "ls /workspace/pkg | wc -l; echo new > /workspace/pkg/new") == "150\n"
+    assert (sandbox.root_dir / "workspace" / "pkg" / "new").read_text() == "new\n"
+    assert sandbox.store.live_base("ns", "ws", sandbox.base_dir) == saved.id
+    assert not [p for p in sandbox.root_dir.parent.iterdir() if p.name.startswith(".tmp-restore-")]
+
+
+async def test_a_snapshot_whose_workspace_is_no_directory_starts_on_fresh_live_dirs(make_sandbox):
+    sandbox = make_sandbox()
+    await sandbox.start(spec())
+    await sandbox.stop()
+    workspace = sandbox.root_dir / "workspace"
+    workspace.rmdir()
+    workspace.write_text("a file where the directory was\n")  # tar replaces the staged directory with it
+    saved = await sandbox.snapshot()
+    await sandbox.destroy()
+
+    await sandbox.start(spec(saved.id))
+    # without a restart on the real live dirs, the sandbox would write into the deleted staged directory
+    assert await run(sandbox, "echo kept > /workspace/out.txt; cat /workspace/out.txt") == "kept\n"
+    assert (sandbox.root_dir / "workspace" / "out.txt").read_text() == "kept\n"
+
+
+async def test_a_restore_whose_sandbox_cannot_start_leaves_the_live_dir_and_no_staging(make_sandbox, monkeypatch):
+    sandbox = make_sandbox()
+    await sandbox.start(spec())
+    await run(sandbox, "echo saved > /workspace/file.txt")
+    saved = await sandbox.snapshot()
+    await run(sandbox, "echo unsaved > /workspace/file.txt")
+    await sandbox.stop()
+    before = tree_digest(sandbox.root_dir)
+
+    def broken(*args):
+        raise OSError("simulated: bwrap cannot start")
+
+    monkeypatch.setattr(sandbox, "_spawn", broken)
+    with pytest.raises(ProtocolError) as err:
+        await sandbox.start(spec(saved.id))
+    assert err.value.code == "container_unavailable"
+    assert not sandbox.running()
+    deadline = time.monotonic() + 20  # the abandoned extraction removes its staging dir when it ends
+    while [p for p in sandbox.root_dir.parent.iterdir() if p.name.startswith(".tmp-restore-")]:
+        assert time.monotonic() < deadline
+        await asyncio.sleep(0.02)
+    assert tree_digest(sandbox.root_dir) == before
