@@ -115,6 +115,22 @@ def _python_sources() -> list[str]:
 
 
 @cache
+def write_supervisor_bytecode() -> bool:
+    """Compile the supervisor's and the protocol's modules where they are, once per server, as an installer would.
+    The supervisor runs with -B from a read-only bind, so it never writes its own bytecode: without it (an editable
+    install, a fresh checkout) every sandbox start compiles them again, ~25 ms here. Only stale files are written;
+    False when the tree is not the server's to write (a root-owned install), which is then used as it is."""
+    import compileall
+
+    import flarebox_supervisor
+    import protocol
+
+    return all(
+        compileall.compile_dir(Path(m.__file__).parent, quiet=2, maxlevels=0) for m in (flarebox_supervisor, protocol)
+    )
+
+
+@cache
 def _configured_image_binds() -> dict[str, tuple[ImageBind, ...]]:
     """The server's IMAGE_BINDS (config.py), read once; load_settings already refused a bad one at start."""
     return parse_image_binds(os.environ.get(IMAGE_BINDS_VAR))
@@ -345,6 +361,7 @@ class SandboxContainer:
             self._shares_host_network = spec.enable_internet and self._net is None
             # source() stages in call order (the launcher's numbering): live dirs first, then Python sources
             live = LiveDirs(source(live_root / "workspace"), source(live_root / "home"), source(live_root / "tmp"))
+            write_supervisor_bytecode()
             python_sources = [(source(path), path) for path in _python_sources()]
             image_binds = [(source(b.source), b.target) for b in self.image_binds.get(spec.image, ())]
             env = {"PATH": PATH, "HOME": SANDBOX_HOME, "LANG": "C.UTF-8", "USER": SANDBOX_USER, **(spec.env or {})}
