@@ -962,7 +962,12 @@ def _worker_argv(action: str, roots: list[tuple[str, str]], extra: list[str] = (
         flags.append("-P")
     if sys.dont_write_bytecode:
         flags.append("-B")
-    argv = [sys.executable, *flags, "-m", module, action]
+    if sys.flags.no_site:  # started without site (the standalone sandbox): the worker gets this interpreter's path
+        run = f"runpy.run_module({module!r}, run_name='__main__', alter_sys=True)"
+        boot = f"import sys; sys.path[:] = {sys.path!r}; import runpy; {run}"
+        argv = [sys.executable, *flags, "-S", "-c", boot, action]
+    else:
+        argv = [sys.executable, *flags, "-m", module, action]
     for prefix, path in roots:
         argv += ["--root", f"{prefix}={path}"]
     return argv + list(extra)

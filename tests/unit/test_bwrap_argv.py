@@ -161,13 +161,13 @@ def test_environment_is_cleared_and_never_carries_the_api_token():
     assert not any("SANDBOX_API_TOKEN" in arg or "secret-token" in arg for arg in argv)
 
 
-def test_runs_the_supervisor_on_the_listening_descriptor():
-    _, command = parse(build())
-    assert command == [
-        "/opt/py/bin/python3",
-        *("-I", "-B", "-m", "flarebox_supervisor"),
-        *("--listen-fd", "14", "--workdir", "/workspace"),
-    ]
+def test_runs_the_supervisor_on_the_listening_descriptor_without_site():
+    _, command = parse(build(python_path=["/run/supervisor-python", "/opt/py/lib/python3.11/site-packages"]))
+    assert command[:5] == ["/opt/py/bin/python3", "-I", "-S", "-B", "-c"]
+    assert command[6:] == ["--listen-fd", "14", "--workdir", "/workspace"]
+    boot = command[5]
+    assert "sys.path += ['/run/supervisor-python', '/opt/py/lib/python3.11/site-packages']" in boot
+    assert "runpy.run_module('flarebox_supervisor', run_name='__main__', alter_sys=True)" in boot
 
 
 def test_tells_the_supervisor_its_ready_pipe():
