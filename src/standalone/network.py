@@ -24,13 +24,23 @@ import subprocess
 import time
 from collections.abc import Callable
 
-from standalone import sandbox_launch
-
 PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 NAMESERVER = "10.0.2.3"
 MTU = 65520
 # one descriptor per connection the sandbox opens: bounds the kernel socket state a sandbox can pin on the host
 SLIRP_MAX_FDS = 512
+# How slirp4netns is started: it joins the sandbox's cgroups and gets its open-file cap before it runs (so it is
+# limited from its first instruction), by a shell rather than the sandbox's Python launcher, whose interpreter start
+# competed with the sandbox's own on every boot. Arguments: the cap, the cgroup.procs files, --, the command.
+_LIMITED = (
+    'ulimit -n "$1" || exit 127; shift; '
+    'while [ "$1" != -- ]; do echo $$ > "$1" || exit 127; shift; done; shift; exec "$@"'
+)
+
+
+def limited_command(nofile: int, cgroup_procs: list[str], argv: list[str]) -> list[str]:
+    """`argv` run in the cgroups of `cgroup_procs`, with at most `nofile` open files, from its first instruction."""
+    return ["/bin/sh", "-c", _LIMITED, "sh", str(nofile), *cgroup_procs, "--", *argv]
 
 
 def private_network_available() -> bool:
@@ -117,9 +127,8 @@ class PrivateNetwork:
             argv = [shutil.which("slirp4netns", path=PATH) or "slirp4netns", "--configure", f"--mtu={MTU}"]
             argv += ["--disable-host-loopback", "--enable-sandbox", "--enable-seccomp", "--netns-type=path"]
             argv += [f"--exit-fd={exit_r}", f"--ready-fd={ready_w}", f"/proc/{pid}/ns/net", "tap0"]
-            launch = {"cgroup_procs": cgroup_procs, "nofile": SLIRP_MAX_FDS, "argv": argv, "env": {"PATH": PATH}}
             self._proc = subprocess.Popen(
-                sandbox_launch.command(launch),
+                limited_command(SLIRP_MAX_FDS, cgroup_procs, argv),
                 stdin=subprocess.DEVNULL,
                 stdout=log_fd,
                 stderr=subprocess.STDOUT,

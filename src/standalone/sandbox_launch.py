@@ -4,8 +4,7 @@ Runs as the server's user in the process that becomes bwrap (so bwrap is the ser
 `--die-with-parent` holds). In order:
 
 1. join the sandbox's cgroups (write our pid to each `cgroup.procs`): bwrap and every process it starts are then
-   limited from their first instruction; with `nofile`, cap open files (how slirp4netns is started: the same
-   launcher puts it in the sandbox's cgroup and exec's it, steps 1b–3 unused);
+   limited from their first instruction;
 1b. with a private network (network.py): enter a new network namespace (owned by the host's user namespace, so
    nothing in the sandbox can reconfigure it), bring its loopback up and tell the server (`net_ready_fd`), which
    plugs slirp4netns in while this goes on: the supervisor starts meanwhile, and the server sends it no command
@@ -29,7 +28,6 @@ import ctypes
 import fcntl
 import marshal
 import os
-import resource
 import struct
 import sys
 
@@ -111,8 +109,6 @@ def drop_privileges(uid: int, gid: int) -> None:
 def main() -> None:
     spec = marshal.loads(binascii.a2b_base64(sys.argv[1]))
     join_cgroups(spec.get("cgroup_procs", []))
-    if spec.get("nofile") is not None:
-        resource.setrlimit(resource.RLIMIT_NOFILE, (spec["nofile"], spec["nofile"]))
     if spec.get("net_ready_fd") is not None:
         private_network(spec["net_ready_fd"])
     if spec.get("stage"):
