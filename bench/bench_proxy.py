@@ -194,7 +194,9 @@ def _cpu_seconds(pid: int) -> float:
 def _sandbox_pids(server: Server) -> tuple[int, int]:
     """(the sandbox supervisor's pid, the sandboxed service's pid), found below the server process."""
     below = _descendants(server.proc.pid)
-    supervisor = [pid for pid, cmd in below.items() if b"\0-m\0flarebox_supervisor\0" in cmd and b"bwrap" not in cmd]
+    # the standalone sandbox starts it without site: python -I -S -B -c "…run_module('flarebox_supervisor', …)"
+    started = b"run_module('flarebox_supervisor'"
+    supervisor = [pid for pid, cmd in below.items() if started in cmd and b"bwrap" not in cmd]
     argv = [b"python3", b"app.py", str(SERVICE_PORT).encode()]  # the measured one, not the closing one
     service = [pid for pid, cmd in below.items() if cmd.split(b"\0")[:3] == argv]
     if len(supervisor) != 1 or len(service) != 1:

@@ -76,4 +76,6 @@ def supervisor_pids(server: ServerProcess, workspace: str) -> list[int]:
 
 def _is_supervisor(pid: int) -> bool:
     line = cmdline(pid)
-    return "-m flarebox_supervisor" in line and not line.split(" ")[0].endswith("bwrap")
+    # `python -m flarebox_supervisor`, or the standalone sandbox's site-less start of it (bwrap.supervisor_command)
+    started = "-m flarebox_supervisor" in line or "run_module('flarebox_supervisor'" in line
+    return started and not line.split(" ")[0].endswith("bwrap")
