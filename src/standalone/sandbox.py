@@ -49,7 +49,15 @@ from durable.ports import ContainerGone, SnapshotInfo, StartSpec
 from protocol import limits
 from protocol.errors import ProtocolError
 from standalone import sandbox_launch, seccomp
-from standalone.bwrap import SUPERVISOR_PACKAGES, LiveDirs, SandboxFds, bwrap_argv, host_system_dirs
+from standalone.bwrap import (
+    SANDBOX_TMP,
+    SUPERVISOR_PACKAGES,
+    WORKSPACE,
+    LiveDirs,
+    SandboxFds,
+    bwrap_argv,
+    host_system_dirs,
+)
 from standalone.cgroups import Cgroups, SandboxGroup, limits_for
 from standalone.config import IMAGE_BINDS_VAR, ImageBind, parse_image_binds
 from standalone.log_tail import LogTail
@@ -111,6 +119,14 @@ def _python_sources() -> list[str]:
             continue  # already bound read-only as a system directory
         found.append(real)
     return found
+
+
+def _binds_below_live_dirs() -> bool:
+    """Whether a Python source is bound below a live dir's path inside (a Python installed under /tmp, a checkout
+    in a home directory): bwrap then creates its mount point's parents inside that live dir as it starts, so the
+    sandbox cannot start on staged live dirs while a restore is extracted into them (restoring.py)."""
+    inside = (SANDBOX_TMP, WORKSPACE, SANDBOX_HOME)
+    return any(p == d or p.startswith(d + "/") for p in _python_sources() for d in inside)
 
 
 def _supervisor_packages() -> list[tuple[str, str]]:
@@ -260,7 +276,16 @@ class SandboxContainer:
             await self._reap()
             restoring: BackgroundRestore | None = None
             try:
-                if spec.snapshot_id:  # snapshot_damaged leaves the live dir as it was
+                if spec.snapshot_id and _binds_below_live_dirs():  # snapshot_damaged leaves the live dir as it was
+                    # bwrap makes those binds' mount points inside a live dir: not while tar is extracting into it
+                    await asyncio.to_thread(self.store.forget, self.base_dir)
+                    await asyncio.to_thread(
+                        self.store.restore, self.namespace, self.workspace, spec.snapshot_id, self.root_dir
+                    )
+                    self._prepare_live_dirs()
+                    await asyncio.to_thread(self._track, spec.snapshot_id)  # after the adoption: it changes ctimes
+                    await self._boot(spec, self.root_dir)
+                elif spec.snapshot_id:
                     # first: while the tree is being replaced, nothing may pair it with the old base
                     await asyncio.to_thread(self.store.forget, self.base_dir)
                     restoring = BackgroundRestore(
